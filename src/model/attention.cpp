@@ -1,0 +1,111 @@
+// Attention sub-layer (S: sliding window, *: full): projections, RoPE, nGPT
+// q/k normalization, causal GQA softmax attention over the KV cache, the
+// sigmoid output gate, the row norm and the output projection.
+#include <algorithm>
+#include <cmath>
+
+#include "model/forward_cpu.h"
+#include "model/ops.h"
+
+namespace dory {
+
+void RopeTable::build(double theta, int64_t rotary_dims, int64_t start, int64_t T) {
+  half = rotary_dims / 2;
+  cos.resize(T * half);
+  sin.resize(T * half);
+  for (int64_t j = 0; j < half; ++j) {
+    const double inv_freq = std::pow(theta, -2.0 * double(j) / double(rotary_dims));
+    for (int64_t t = 0; t < T; ++t) {
+      const double ang = double(start + t) * inv_freq;  // double: positions reach 1e5+
+      cos[t * half + j] = static_cast<float>(std::cos(ang));
+      sin[t * half + j] = static_cast<float>(std::sin(ang));
+    }
+  }
+}
+
+namespace {
+
+// NeoX halves: pairs (j, j + r/2) over the first r dims of each head.
+void apply_rope(float* head, const float* c, const float* s, int64_t half) {
+  for (int64_t j = 0; j < half; ++j) {
+    const float a = head[j], b = head[j + half];
+    head[j] = a * c[j] - b * s[j];
+    head[j + half] = b * c[j] + a * s[j];
+  }
+}
+
+}  // namespace
+
+void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, Scratch& s,
+                     const ChunkArgs& a, KvCache& cache) {
+  const DoryConfig& c = w.cfg;
+  const int64_t T = a.T, H = c.hidden, hd = c.head_dim, nh = c.n_head, nk = c.n_kv_head;
+  const int64_t QW = nh * hd, KW = nk * hd, group = nh / nk;
+
+  linear_multi(pool, s.x.data(), T,
+               {{&L.wq, s.q.data()}, {&L.wk, s.k.data()}, {&L.wv, s.v.data()}, {&L.wg, s.g.data()}});
+
+  // RoPE, then q <- q_scale * n(q) and k <- n(k) per head; k, v go to the cache.
+  const RopeTable& rope = s.rope[L.rope_profile - 1];
+  cache.begin_write(a.start, a.start + T);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* cs = rope.cos.data() + t * rope.half;
+    const float* sn = rope.sin.data() + t * rope.half;
+    for (int64_t h = 0; h < nh; ++h) {
+      float* qh = s.q.data() + t * QW + h * hd;
+      apply_rope(qh, cs, sn, rope.half);
+      normalize(qh, hd);
+      const float* qs = L.q_scale.data() + h * hd;
+      for (int64_t d = 0; d < hd; ++d) qh[d] *= qs[d];
+    }
+    float* kc = cache.k(a.start + t);
+    float* vc = cache.v(a.start + t);
+    for (int64_t h = 0; h < nk; ++h) {
+      float* kh = s.k.data() + t * KW + h * hd;
+      apply_rope(kh, cs, sn, rope.half);
+      normalize(kh, hd);
+    }
+    std::copy_n(s.k.data() + t * KW, KW, kc);
+    std::copy_n(s.v.data() + t * KW, KW, vc);
+  }
+
+  // Softmax attention per (row, query head).
+  const kern::KernelSet& kk = kern::kernels();
+  const float inv_sqrt_hd = static_cast<float>(1.0 / std::sqrt(double(hd)));
+  const bool sliding = L.kind == 'S';
+  pool.run(T * nh, [&](int64_t task) {
+    const int64_t t = task / nh, h = task % nh, kvh = h / group;
+    const int64_t p = a.start + t;
+    const int64_t lo = sliding ? std::max<int64_t>(0, p - c.swa_window + 1) : 0;
+    const float* qh = s.q.data() + t * QW + h * hd;
+    std::vector<float> sc(p - lo + 1);
+    float mx = -INFINITY;
+    for (int64_t j = lo; j <= p; ++j) {
+      float v = kk.dot(qh, cache.k(j) + kvh * hd, hd) * inv_sqrt_hd;
+      sc[j - lo] = v;
+      mx = std::max(mx, v);
+    }
+    double sum = 0;
+    for (float& v : sc) {
+      v = std::exp(v - mx);
+      sum += v;
+    }
+    float* out = s.att.data() + t * QW + h * hd;
+    std::fill_n(out, hd, 0.0f);
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = lo; j <= p; ++j) kk.axpy(sc[j - lo] * inv, cache.v(j) + kvh * hd, out, hd);
+  });
+
+  // Output gate, then n() over the whole nh*hd row, then o_proj.
+  for (int64_t t = 0; t < T; ++t) {
+    float* y = s.att.data() + t * QW;
+    const float* g = s.g.data() + t * QW;
+    for (int64_t i = 0; i < QW; ++i) y[i] *= 1.0f / (1.0f + std::exp(-g[i] * L.gate_scale[i]));
+    normalize(y, QW);
+  }
+  linear(pool, L.wo, s.att.data(), T, s.out.data());
+  for (int64_t t = 0; t < T; ++t)
+    ngpt_residual(s.x.data() + t * H, s.out.data() + t * H, L.alpha.data(), H);
+}
+
+}  // namespace dory

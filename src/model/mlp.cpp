@@ -1,0 +1,27 @@
+// SwiGLU MLP sub-layer with nGPT suv scaling and the fnGPT norm before down.
+#include <cmath>
+
+#include "model/forward_cpu.h"
+#include "model/ops.h"
+
+namespace dory {
+
+void mlp_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, Scratch& s,
+               const ChunkArgs& a) {
+  const int64_t T = a.T, H = w.cfg.hidden, F = w.cfg.ffn;
+  linear_multi(pool, s.x.data(), T, {{&L.w_gate, s.ff_g.data()}, {&L.w_up, s.ff_u.data()}});
+  for (int64_t t = 0; t < T; ++t) {
+    float* g = s.ff_g.data() + t * F;
+    const float* u = s.ff_u.data() + t * F;
+    for (int64_t i = 0; i < F; ++i) {
+      const float gi = g[i] * L.suv_gate[i];
+      g[i] = gi / (1.0f + std::exp(-gi)) * (u[i] * L.suv_up[i]);
+    }
+    normalize(g, F);
+  }
+  linear(pool, L.w_down, s.ff_g.data(), T, s.out.data());
+  for (int64_t t = 0; t < T; ++t)
+    ngpt_residual(s.x.data() + t * H, s.out.data() + t * H, L.alpha.data(), H);
+}
+
+}  // namespace dory

@@ -1,0 +1,62 @@
+#include <set>
+
+#include "model/loop_plan.h"
+#include "model/weights.h"
+
+namespace dory {
+
+std::shared_ptr<const Model> Model::load(const std::string& path) {
+  std::shared_ptr<Model> m(new Model());
+  m->weights_ = load_hf_weights(path, &m->path_);
+  return m;
+}
+
+Model::~Model() = default;
+
+const DoryConfig& Model::config() const { return weights_->cfg; }
+
+int64_t Model::n_params() const {
+  int64_t n = 0;
+  for (const auto& t : weights_->all) n += t.numel();
+  return n;
+}
+
+uint64_t Model::file_bytes() const {
+  uint64_t b = 0;
+  for (const auto& f : weights_->files) b += f->size();
+  return b;
+}
+
+std::vector<std::string> Model::files() const {
+  std::vector<std::string> v;
+  for (const auto& f : weights_->files) v.push_back(f->path());
+  return v;
+}
+
+std::map<std::string, std::pair<int64_t, int64_t>> Model::dtype_mix() const {
+  std::map<std::string, std::pair<int64_t, int64_t>> mix;
+  for (const auto& t : weights_->all) {
+    auto& e = mix[dtype_name(t.dtype)];
+    e.first += 1;
+    e.second += t.numel();
+  }
+  return mix;
+}
+
+uint64_t Model::bytes_per_token(int loops) const {
+  auto mat_bytes = [](const kern::Mat& m) {
+    return static_cast<uint64_t>(m.rows) * m.cols * dtype_size(m.dtype);
+  };
+  const Weights& w = *weights_;
+  uint64_t b = mat_bytes(w.lm_head) + w.cfg.hidden * dtype_size(w.embd.dtype);
+  for (const Step& st : build_plan(w.cfg, loops)) {
+    if (st.op != Step::Op::Layer) continue;
+    const LayerWeights& L = w.layers[st.layer];
+    if (L.kind == '-') b += mat_bytes(L.w_gate) + mat_bytes(L.w_up) + mat_bytes(L.w_down);
+    else
+      b += mat_bytes(L.wq) + mat_bytes(L.wk) + mat_bytes(L.wv) + mat_bytes(L.wg) + mat_bytes(L.wo);
+  }
+  return b;
+}
+
+}  // namespace dory

@@ -1,0 +1,212 @@
+#include "model/weights.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "format/hf_config.h"
+#include "format/mapped_file.h"
+
+namespace dory {
+
+namespace {
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool is_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+std::string list_names(const std::vector<std::string>& names) {
+  std::string s;
+  const size_t show = 8;
+  for (size_t i = 0; i < names.size() && i < show; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > show) s += " (and " + std::to_string(names.size() - show) + " more)";
+  return s;
+}
+
+// The safetensors files of a checkpoint directory: the index's shards, or the
+// single model.safetensors.
+std::vector<std::string> shard_files(const std::string& dir,
+                                     std::map<std::string, std::string>* weight_map) {
+  const std::string index = dir + "/model.safetensors.index.json";
+  if (is_file(index)) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_text_file(index));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(index + ": not valid JSON: " + e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw Error(index + ": missing the \"weight_map\" object");
+    std::set<std::string> seen;
+    std::vector<std::string> files;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string())
+        throw Error(index + ": weight_map entry '" + it.key() + "' is not a file name");
+      std::string f = it.value().get<std::string>();
+      if (f.find('/') != std::string::npos || f == ".." || f.empty())
+        throw Error(index + ": weight_map entry '" + it.key() + "' names '" + f +
+                    "', which is not a file in the checkpoint directory");
+      (*weight_map)[it.key()] = f;
+      if (seen.insert(f).second) files.push_back(f);
+    }
+    if (files.empty()) throw Error(index + ": weight_map is empty");
+    return files;
+  }
+  if (is_file(dir + "/model.safetensors")) return {"model.safetensors"};
+  throw Error(dir + ": no model.safetensors or model.safetensors.index.json in this directory");
+}
+
+kern::Mat as_mat(const TensorView& t) {
+  return kern::Mat{t.dtype, t.data, t.shape.size() == 2 ? t.shape[0] : 1,
+                   t.shape.size() == 2 ? t.shape[1] : t.numel()};
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const DoryConfig& c) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> e;
+  const int64_t H = c.hidden, F = c.ffn, Q = c.n_head * c.head_dim, KV = c.n_kv_head * c.head_dim;
+  e.push_back({"backbone.embeddings.weight", {c.vocab, H}});
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string p = "backbone.layers." + std::to_string(i) + ".";
+    if (c.is_attention(i)) {
+      e.push_back({p + "mixer.q_proj.weight", {Q, H}});
+      e.push_back({p + "mixer.k_proj.weight", {KV, H}});
+      e.push_back({p + "mixer.v_proj.weight", {KV, H}});
+      e.push_back({p + "mixer.g_proj.weight", {Q, H}});
+      e.push_back({p + "mixer.o_proj.weight", {H, Q}});
+      e.push_back({p + "mixer.sqk", {Q}});
+      e.push_back({p + "mixer.s_gate", {Q}});
+      e.push_back({p + "attn_alpha", {H}});
+    } else {
+      e.push_back({p + "mixer.gate_proj.weight", {F, H}});
+      e.push_back({p + "mixer.up_proj.weight", {F, H}});
+      e.push_back({p + "mixer.down_proj.weight", {H, F}});
+      e.push_back({p + "mixer.suv_gate", {F}});
+      e.push_back({p + "mixer.suv_up", {F}});
+      e.push_back({p + "mlp_alpha", {H}});
+    }
+  }
+  e.push_back({"lm_head.weight", {c.vocab, H}});
+  e.push_back({"lm_head.logit_scale", {c.vocab}});
+  return e;
+}
+
+std::unique_ptr<Weights> load_hf_weights(const std::string& path, std::string* resolved_dir) {
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (!is_dir(dir)) {
+    if (!is_file(dir)) throw Error(path + ": no such file or directory");
+    if (ends_with(dir, ".gguf"))
+      throw Error(path + ": GGUF files are not supported yet; pass a Hugging Face directory "
+                         "(config.json + model.safetensors)");
+    if (!ends_with(dir, ".safetensors") && !ends_with(dir, ".json"))
+      throw Error(path + ": not a model: expected a Hugging Face directory with config.json "
+                         "and model.safetensors");
+    size_t slash = dir.rfind('/');
+    dir = slash == std::string::npos ? "." : dir.substr(0, slash);
+  }
+  *resolved_dir = dir;
+  const std::string cfg_path = dir + "/config.json";
+  if (!is_file(cfg_path)) throw Error(dir + ": no config.json in the model directory");
+
+  auto w = std::make_unique<Weights>();
+  w->cfg = parse_hf_config(cfg_path);
+  const DoryConfig& c = w->cfg;
+
+  std::map<std::string, std::string> weight_map;
+  std::map<std::string, const TensorView*> by_name;
+  std::map<std::string, std::string> origin;
+  for (const std::string& f : shard_files(dir, &weight_map)) {
+    w->files.push_back(std::make_unique<SafeTensorsFile>(dir + "/" + f));
+    for (const auto& [name, t] : w->files.back()->tensors()) {
+      if (by_name.count(name))
+        throw Error(dir + "/" + f + ": tensor '" + name + "' also appears in " + origin[name]);
+      if (!weight_map.empty() && weight_map.count(name) && weight_map[name] != f)
+        throw Error(dir + "/" + f + ": tensor '" + name + "' is listed in the index under " +
+                    weight_map[name]);
+      by_name[name] = &t;
+      origin[name] = dir + "/" + f;
+    }
+  }
+  for (const auto& [name, f] : weight_map)
+    if (!by_name.count(name))
+      throw Error(dir + "/model.safetensors.index.json: tensor '" + name + "' is listed in " + f +
+                  " but that file does not contain it");
+
+  // Presence, then shapes, against what config.json implies.
+  const auto expected = expected_tensors(c);
+  std::vector<std::string> missing, unexpected;
+  std::set<std::string> want;
+  for (const auto& [name, shape] : expected) {
+    want.insert(name);
+    if (!by_name.count(name)) missing.push_back(name);
+  }
+  for (const auto& [name, t] : by_name)
+    if (!want.count(name)) unexpected.push_back(name);
+  if (!missing.empty())
+    throw Error(dir + ": " + std::to_string(missing.size()) +
+                " tensors that config.json implies are missing: " + list_names(missing));
+  if (!unexpected.empty())
+    throw Error(dir + ": " + std::to_string(unexpected.size()) +
+                " unexpected tensors (not part of this Dory config): " + list_names(unexpected));
+  for (const auto& [name, shape] : expected) {
+    const TensorView& t = *by_name[name];
+    if (t.shape != shape)
+      throw Error(origin[name] + ": tensor '" + name + "' has shape " + shape_str(t.shape) +
+                  ", but config.json implies " + shape_str(shape));
+    w->all.push_back(t);
+  }
+
+  auto get = [&](const std::string& n) -> const TensorView& { return *by_name[n]; };
+  auto scaled = [&](const std::string& n, auto f) {
+    std::vector<float> v = get(n).to_f32();
+    for (float& x : v) x = static_cast<float>(f(static_cast<double>(x)));
+    return v;
+  };
+  const double sigma = c.init_std;
+  w->embd = get("backbone.embeddings.weight");
+  w->lm_head = as_mat(get("lm_head.weight"));
+  w->logit_scale = scaled("lm_head.logit_scale", [&](double s) { return s / sigma; });
+  w->layers.resize(c.n_layer);
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    LayerWeights& L = w->layers[i];
+    const std::string p = "backbone.layers." + std::to_string(i) + ".";
+    L.kind = c.pattern[i];
+    L.rope_profile = c.rope_profile[i];
+    auto rate = [&](double a) { return std::fabs(a * c.alpha_init / sigma); };
+    if (c.is_attention(i)) {
+      L.wq = as_mat(get(p + "mixer.q_proj.weight"));
+      L.wk = as_mat(get(p + "mixer.k_proj.weight"));
+      L.wv = as_mat(get(p + "mixer.v_proj.weight"));
+      L.wg = as_mat(get(p + "mixer.g_proj.weight"));
+      L.wo = as_mat(get(p + "mixer.o_proj.weight"));
+      const double fq = std::sqrt(double(c.head_dim)) / sigma, fg = std::sqrt(c.g0()) / sigma;
+      L.q_scale = scaled(p + "mixer.sqk", [&](double s) { return (s * fq) * (s * fq); });
+      L.gate_scale = scaled(p + "mixer.s_gate", [&](double s) { return (s * fg) * (s * fg); });
+      L.alpha = scaled(p + "attn_alpha", rate);
+    } else {
+      L.w_gate = as_mat(get(p + "mixer.gate_proj.weight"));
+      L.w_up = as_mat(get(p + "mixer.up_proj.weight"));
+      L.w_down = as_mat(get(p + "mixer.down_proj.weight"));
+      const double fs = std::sqrt(double(c.hidden));
+      L.suv_gate = scaled(p + "mixer.suv_gate", [&](double s) { return s * fs; });
+      L.suv_up = scaled(p + "mixer.suv_up", [&](double s) { return s * fs; });
+      L.alpha = scaled(p + "mlp_alpha", rate);
+    }
+  }
+  return w;
+}
+
+}  // namespace dory

@@ -1,0 +1,46 @@
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dory/model.h"
+#include "format/safetensors.h"
+#include "tensor/kernels.h"
+
+namespace dory {
+
+// One physical layer: a single sub-layer (attention or MLP). Matrices point
+// into the mapped files; the small scale vectors are folded with their
+// constant factors into float at load.
+struct LayerWeights {
+  char kind = '-';  // 'S', '*' or '-'
+  // attention
+  kern::Mat wq{}, wk{}, wv{}, wg{}, wo{};
+  std::vector<float> q_scale;     // (sqk * sqrt(hd) / sigma)^2        [nh*hd]
+  std::vector<float> gate_scale;  // (s_gate * sqrt(g0) / sigma)^2     [nh*hd]
+  int rope_profile = 1;
+  // mlp
+  kern::Mat w_gate{}, w_up{}, w_down{};
+  std::vector<float> suv_gate, suv_up;  // suv * sqrt(H)                [F]
+  // residual rate |alpha * a0 / sigma|                                 [H]
+  std::vector<float> alpha;
+};
+
+struct Weights {
+  DoryConfig cfg;
+  std::vector<std::unique_ptr<SafeTensorsFile>> files;
+  std::vector<TensorView> all;  // every tensor, for info
+  TensorView embd;              // [V, H]
+  kern::Mat lm_head{};          // [V, H]
+  std::vector<float> logit_scale;  // logit_scale / sigma   [V]
+  std::vector<LayerWeights> layers;
+};
+
+// Loads a Hugging Face directory (or a file in one). Checks every tensor's
+// presence, dtype and shape against the config; throws Error naming them.
+std::unique_ptr<Weights> load_hf_weights(const std::string& path, std::string* resolved_dir);
+
+// The tensor names and shapes a config implies, in a stable order.
+std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const DoryConfig& c);
+
+}  // namespace dory

@@ -1,0 +1,158 @@
+// The SIMD kernels, written once over a vector-traits type V and instantiated
+// per ISA in kernels_avx2.cpp / kernels_avx512.cpp. Everything here sits in an
+// unnamed namespace: each ISA's copy must stay private to its own translation
+// unit, or the linker could hand AVX-512 code to a CPU without it. For the same
+// reason this file calls no inline function shared with other files.
+#pragma once
+#include <cstring>
+
+#include "tensor/kernels.h"
+
+namespace dory::kern {
+namespace {
+
+inline float scalar_w(DType d, const uint8_t* p, int64_t i) {
+  if (d == DType::F32) {
+    float f;
+    std::memcpy(&f, p + i * 4, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p + i * 2, 2);
+  if (d == DType::BF16) {
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  // IEEE half: handled by the vector path for all full blocks; tails here.
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+  if (exp == 0) {
+    float f = static_cast<float>(man) * (1.0f / 16777216.0f);  // subnormal: man * 2^-24
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <class V>
+inline typename V::reg load_w(DType d, const uint8_t* p) {
+  if (d == DType::F32) return V::load_f32(reinterpret_cast<const float*>(p));
+  if (d == DType::BF16) return V::load_bf16(p);
+  return V::load_f16(p);
+}
+
+// out[i] = rows[i] . x over n columns, for R rows that share each x load.
+template <class V, int R>
+inline void rows_dot(DType d, const uint8_t* const* rows, const float* x, int64_t n, float* out) {
+  constexpr int W = V::W;
+  const int es = d == DType::F32 ? 4 : 2;
+  typename V::reg acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = V::zero();
+  int64_t c = 0;
+  for (; c + W <= n; c += W) {
+    const typename V::reg xv = V::load_f32(x + c);
+    for (int i = 0; i < R; ++i) acc[i] = V::fma(load_w<V>(d, rows[i] + c * es), xv, acc[i]);
+  }
+  for (int i = 0; i < R; ++i) {
+    float s = V::hsum(acc[i]);
+    for (int64_t cc = c; cc < n; ++cc) s += scalar_w(d, rows[i], cc) * x[cc];
+    out[i] = s;
+  }
+}
+
+template <class V>
+void matvec_t(const Mat& w, const float* x, float* y, int64_t r0, int64_t r1) {
+  const int es = w.dtype == DType::F32 ? 4 : 2;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const int64_t stride = w.cols * es;
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const uint8_t* rows[4] = {base + r * stride, base + (r + 1) * stride,
+                              base + (r + 2) * stride, base + (r + 3) * stride};
+    rows_dot<V, 4>(w.dtype, rows, x, w.cols, y + (r - r0));
+  }
+  for (; r < r1; ++r) {
+    const uint8_t* row = base + r * stride;
+    rows_dot<V, 1>(w.dtype, &row, x, w.cols, y + (r - r0));
+  }
+}
+
+// Converts n weights to float.
+template <class V>
+inline void to_f32(DType d, const uint8_t* p, float* out, int64_t n) {
+  const int es = d == DType::F32 ? 4 : 2;
+  int64_t i = 0;
+  for (; i + V::W <= n; i += V::W) V::store(out + i, load_w<V>(d, p + i * es));
+  for (; i < n; ++i) out[i] = scalar_w(d, p, i);
+}
+
+// Batched product: blocks of 4 weight rows x kKc columns are converted to float
+// once (on the stack) and reused for every activation row of the chunk, whose
+// kKc-column slice stays in cache.
+template <class V>
+void matmat_t(const Mat& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
+              int64_t r0, int64_t r1) {
+  constexpr int64_t kKc = 512;
+  constexpr int kR = 4;
+  alignas(64) float buf[kR][kKc];
+  const int es = w.dtype == DType::F32 ? 4 : 2;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const int64_t n = w.cols;
+  for (int64_t r = r0; r < r1; r += kR) {
+    const int nr = static_cast<int>(r1 - r < kR ? r1 - r : kR);
+    for (int64_t c0 = 0; c0 < n; c0 += kKc) {
+      const int64_t kc = n - c0 < kKc ? n - c0 : kKc;
+      const uint8_t* rows[kR];
+      for (int i = 0; i < nr; ++i) {
+        const uint8_t* src = base + ((r + i) * n + c0) * es;
+        if (w.dtype == DType::F32) {
+          rows[i] = src;
+        } else {
+          to_f32<V>(w.dtype, src, buf[i], kc);
+          rows[i] = reinterpret_cast<const uint8_t*>(buf[i]);
+        }
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        float part[kR];
+        const float* xt = x + t * ldx + c0;
+        if (nr == kR) rows_dot<V, kR>(DType::F32, rows, xt, kc, part);
+        else
+          for (int i = 0; i < nr; ++i) rows_dot<V, 1>(DType::F32, rows + i, xt, kc, part + i);
+        float* yt = y + t * ldy + r;
+        for (int i = 0; i < nr; ++i) yt[i] = c0 == 0 ? part[i] : yt[i] + part[i];
+      }
+    }
+  }
+}
+
+template <class V>
+float dot_t(const float* a, const float* b, int64_t n) {
+  const uint8_t* row = reinterpret_cast<const uint8_t*>(a);
+  float out;
+  rows_dot<V, 1>(DType::F32, &row, b, n, &out);
+  return out;
+}
+
+template <class V>
+void axpy_t(float a, const float* x, float* y, int64_t n) {
+  const typename V::reg av = V::set1(a);
+  int64_t i = 0;
+  for (; i + V::W <= n; i += V::W) V::store(y + i, V::fma(av, V::load_f32(x + i), V::load_f32(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+template <class V>
+constexpr KernelSet make_set(const char* name) {
+  return KernelSet{name, matvec_t<V>, matmat_t<V>, dot_t<V>, axpy_t<V>};
+}
+
+}  // namespace
+}  // namespace dory::kern

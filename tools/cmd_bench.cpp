@@ -1,0 +1,122 @@
+// dory bench: prompt (pp) and generation (tg) tokens/s, mean +- sd over
+// repetitions, like llama-bench, plus the weight bytes decode streams.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "commands.h"
+#include "common.h"
+#include "runtime/pool.h"
+#include "tensor/kernels.h"
+
+namespace dory::cli {
+
+namespace {
+struct BenchOpts {
+  RunOpts run;
+  int n_prompt = 512;
+  int n_gen = 128;
+  int reps = 5;
+};
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::pair<double, double> mean_sd(const std::vector<double>& v) {
+  double m = 0, s = 0;
+  for (double x : v) m += x;
+  m /= v.size();
+  for (double x : v) s += (x - m) * (x - m);
+  return {m, v.size() > 1 ? std::sqrt(s / (v.size() - 1)) : 0.0};
+}
+
+int run_bench(const BenchOpts& o) {
+  const auto t_load = Clock::now();
+  auto model = Model::load(o.run.model);
+  const double load_s = seconds_since(t_load);
+  const DoryConfig& c = model->config();
+  const int threads = o.run.n_threads();
+  ThreadPool pool(threads);
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab - 1));
+
+  std::fprintf(stderr, "loaded %s in %.2f s; kernels: %s; %d threads\n", model->path().c_str(),
+               load_s, kern::kernels().name, threads);
+  auto pp_once = [&] {
+    Session s(model, pool, o.run.session());
+    std::vector<int32_t> ids(o.n_prompt);
+    for (auto& id : ids) id = tok(rng);
+    const auto t0 = Clock::now();
+    s.forward(ids, Logits::Last);
+    return o.n_prompt / seconds_since(t0);
+  };
+  auto tg_once = [&] {
+    Session s(model, pool, o.run.session());
+    const auto t0 = Clock::now();
+    for (int i = 0; i < o.n_gen; ++i) {
+      int32_t id = tok(rng);
+      s.forward({&id, 1}, Logits::Last);
+    }
+    return o.n_gen / seconds_since(t0);
+  };
+
+  Session probe(model, pool, o.run.session());
+  const int loops = probe.loops();
+  const uint64_t bytes_tok = model->bytes_per_token(loops);
+  std::printf("| model | size | params | loops | kv | threads | test | t/s | GB/s |\n");
+  std::printf("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+  auto row = [&](const char* kind, int n, const std::vector<double>& tps, bool gbs) {
+    auto [m, sd] = mean_sd(tps);
+    char gb[32] = "-";
+    if (gbs) std::snprintf(gb, sizeof gb, "%.2f", m * bytes_tok / 1e9);
+    std::printf("| dory %.2fB %s | %s | %.3f B | %d | %s | %d | %s%d | %.2f ± %.2f | %s |\n",
+                model->n_params() / 1e9, model->dtype_mix().rbegin()->first.c_str(),
+                human_bytes(model->file_bytes()).c_str(), model->n_params() / 1e9, loops,
+                kv_mode_name(probe.kv_mode()), threads, kind, n, m, sd, gb);
+    std::fflush(stdout);
+  };
+  if (o.n_prompt > 0) {
+    std::fprintf(stderr, "pp%d: warm-up + %d repetitions\n", o.n_prompt, o.reps);
+    pp_once();
+    std::vector<double> v;
+    for (int r = 0; r < o.reps; ++r) v.push_back(pp_once());
+    row("pp", o.n_prompt, v, false);
+  }
+  if (o.n_gen > 0) {
+    std::fprintf(stderr, "tg%d: warm-up + %d repetitions\n", o.n_gen, o.reps);
+    tg_once();
+    std::vector<double> v;
+    for (int r = 0; r < o.reps; ++r) v.push_back(tg_once());
+    row("tg", o.n_gen, v, true);
+  }
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  std::fprintf(stderr, "peak RSS %s (weights are memory-mapped: file pages count here once touched)\n",
+               human_bytes(static_cast<uint64_t>(ru.ru_maxrss) * 1024).c_str());
+  return 0;
+}
+}  // namespace
+
+Runner add_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "measure prompt and generation speed (like llama-bench)");
+  auto o = std::make_shared<BenchOpts>();
+  add_run_opts(cmd, o->run);
+  cmd->add_option("-p,--n-prompt", o->n_prompt, "prompt tokens per pp test (0 = skip)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("-n,--n-gen", o->n_gen, "generated tokens per tg test (0 = skip)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("-r,--repetitions", o->reps, "repetitions of each test")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  return [o] { return run_bench(*o); };
+}
+
+}  // namespace dory::cli

@@ -1,0 +1,69 @@
+// dory info: what a model is, without running it.
+#include <cstdio>
+
+#include "commands.h"
+#include "common.h"
+
+namespace dory::cli {
+
+namespace {
+
+std::string block_summary(const DoryConfig& c, int64_t b, int64_t e) {
+  int s = 0, f = 0, m = 0;
+  for (int64_t i = b; i < e; ++i) (c.pattern[i] == 'S' ? s : c.pattern[i] == '*' ? f : m)++;
+  char buf[160];
+  if (b >= e) return "none";
+  std::snprintf(buf, sizeof buf, "layers %3lld..%-3lld (%lld: %d sliding, %d full, %d mlp)",
+                (long long)b, (long long)e - 1, (long long)(e - b), s, f, m);
+  return buf;
+}
+
+int run_info(const std::string& path) {
+  auto model = Model::load(path);
+  const DoryConfig& c = model->config();
+  const auto files = model->files();
+  std::printf("model          %s\n", model->path().c_str());
+  std::printf("format         Hugging Face safetensors, %zu file%s, %s\n", files.size(),
+              files.size() == 1 ? "" : "s", human_bytes(model->file_bytes()).c_str());
+  std::printf("architecture   DoryForCausalLM (looped normalized GPT)\n");
+  std::printf("hidden         %lld   ffn %lld   vocab %lld\n", (long long)c.hidden,
+              (long long)c.ffn, (long long)c.vocab);
+  std::printf("attention      %lld query heads, %lld kv heads, head dim %lld, window %lld\n",
+              (long long)c.n_head, (long long)c.n_kv_head, (long long)c.head_dim,
+              (long long)c.swa_window);
+  std::printf("layers         %lld, pattern %s\n", (long long)c.n_layer, c.pattern.c_str());
+  std::printf("  input        %s\n", block_summary(c, 0, c.n_input).c_str());
+  std::printf("  recurrent    %s x %lld loops\n",
+              block_summary(c, c.n_input, c.n_input + c.n_recurrent).c_str(), (long long)c.n_loops);
+  std::printf("  output       %s\n",
+              block_summary(c, c.n_input + c.n_recurrent, c.n_layer).c_str());
+  int64_t p2 = 0;
+  for (int p : c.rope_profile) p2 += p == 2;
+  std::printf("rope           theta %g (%lld rotary dims), theta_2 %g (%lld dims) on %lld layers\n",
+              c.rope_theta, (long long)c.rotary_dims(1), c.rope_theta_2,
+              (long long)c.rotary_dims(2), (long long)p2);
+  std::printf("kv cache mode  %s\n", kv_mode_name(c.kv_mode));
+  std::printf("ngpt           sigma %g, alpha_init %g, gate g0 %g%s\n", c.init_std, c.alpha_init,
+              c.g0(), c.gate_init ? "" : " (sqrt(H))");
+  std::printf("context        %lld positions\n", (long long)c.max_positions);
+  const int64_t np = model->n_params();
+  std::printf("parameters     %lld (%.3f B)\n", (long long)np, np / 1e9);
+  for (const auto& [dt, e] : model->dtype_mix())
+    std::printf("dtype          %-5s %5lld tensors, %lld elements\n", dt.c_str(),
+                (long long)e.first, (long long)e.second);
+  std::printf("decode reads   %s of weights per token at %lld loops\n",
+              human_bytes(model->bytes_per_token(static_cast<int>(c.n_loops))).c_str(),
+              (long long)c.n_loops);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_info(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "print a model's architecture, sizes and dtypes");
+  auto path = std::make_shared<std::string>();
+  cmd->add_option("-m,--model", *path, "model directory or file")->required();
+  return [path] { return run_info(*path); };
+}
+
+}  // namespace dory::cli
