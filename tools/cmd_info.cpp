@@ -1,5 +1,6 @@
 // dory info: what a model is, without running it.
 #include <cstdio>
+#include <string>
 
 #include "commands.h"
 #include "common.h"
@@ -47,7 +48,10 @@ int run_info(const std::string& path) {
               c.g0(), c.gate_init ? "" : " (sqrt(H))");
   std::printf("context        %lld positions\n", (long long)c.max_positions);
   const int64_t np = model->n_params();
-  std::printf("parameters     %lld (%.3f B)\n", (long long)np, np / 1e9);
+  std::printf("parameters     %lld (%s)\n", (long long)np,
+              (np >= 1e9 ? std::to_string(np / 1e9).substr(0, 5) + " B"
+                         : std::to_string(np / 1e6).substr(0, 5) + " M")
+                  .c_str());
   for (const auto& [dt, e] : model->dtype_mix())
     std::printf("dtype          %-5s %5lld tensors, %lld elements\n", dt.c_str(),
                 (long long)e.first, (long long)e.second);

@@ -1,5 +1,6 @@
 // dory logits: every position's logits for given ids, as float32 .npy. What
 // the parity tests use, and what anyone comparing with another engine needs.
+#include <algorithm>
 #include <cstdio>
 
 #include "commands.h"
@@ -27,6 +28,16 @@ int run_logits(const LogitsOpts& o) {
   std::fprintf(stderr, "wrote %s: [%zu, %lld] float32 (loops %d, kv %s, chunk %d)\n",
                o.out.c_str(), ids.size(), (long long)V, session.loops(),
                kv_mode_name(session.kv_mode()), o.run.chunk);
+  // The last row's top 5, so a run shows something without numpy.
+  const float* last = logits.data() + (ids.size() - 1) * V;
+  std::vector<int64_t> top(V);
+  for (int64_t i = 0; i < V; ++i) top[i] = i;
+  const int64_t k = std::min<int64_t>(5, V);
+  std::partial_sort(top.begin(), top.begin() + k, top.end(),
+                    [&](int64_t a, int64_t b) { return last[a] > last[b]; });
+  std::fprintf(stderr, "last position, top %lld ids:", (long long)k);
+  for (int64_t i = 0; i < k; ++i) std::fprintf(stderr, " %lld (%.3f)", (long long)top[i], last[top[i]]);
+  std::fprintf(stderr, "\n");
   return 0;
 }
 }  // namespace

@@ -2,9 +2,29 @@
 // turns every user-facing error into one line on stderr and exit code 1.
 #include <cstdio>
 #include <map>
+#include <string>
 
 #include "commands.h"
 #include "dory/error.h"
+
+namespace {
+// Errors quote names and strings from the user's files; control characters
+// in them are escaped so an error is always exactly one line.
+void print_error(const char* what) {
+  std::string line = "error: ";
+  for (const char* p = what; *p; ++p) {
+    const unsigned char ch = static_cast<unsigned char>(*p);
+    if (ch < 0x20 || ch == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", ch);
+      line += buf;
+    } else {
+      line += *p;
+    }
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"dory.cpp: inference for NVIDIA Nemotron Labs Dory (looped nGPT)", "dory"};
@@ -21,14 +41,11 @@ int main(int argc, char** argv) {
   }
   try {
     for (auto* sub : app.get_subcommands()) return runners.at(sub->get_name())();
-  } catch (const dory::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error: out of memory\n");
+    print_error("out of memory");
     return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const std::exception& e) {  // dory::Error and anything unforeseen
+    print_error(e.what());
     return 1;
   }
   return 0;
