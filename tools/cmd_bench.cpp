@@ -97,8 +97,21 @@ int run_bench(const BenchOpts& o) {
   }
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  std::fprintf(stderr, "peak RSS %s (weights are memory-mapped: file pages count here once touched)\n",
-               human_bytes(static_cast<uint64_t>(ru.ru_maxrss) * 1024).c_str());
+  // Weights are memory-mapped: their file pages count in RSS once touched, but
+  // they are page cache, not copies. RssAnon is what the engine allocated.
+  std::string anon = "?", file = "?";
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) {
+      unsigned long long kb;
+      if (std::sscanf(line, "RssAnon: %llu kB", &kb) == 1) anon = human_bytes(kb * 1024);
+      if (std::sscanf(line, "RssFile: %llu kB", &kb) == 1) file = human_bytes(kb * 1024);
+    }
+    std::fclose(f);
+  }
+  std::fprintf(stderr, "peak RSS %s; now %s allocated (RssAnon) + %s mapped weights (RssFile)\n",
+               human_bytes(static_cast<uint64_t>(ru.ru_maxrss) * 1024).c_str(), anon.c_str(),
+               file.c_str());
   return 0;
 }
 }  // namespace
@@ -118,5 +131,7 @@ Runner add_bench(CLI::App& app) {
       ->capture_default_str();
   return [o] { return run_bench(*o); };
 }
+
+static const bool registered = register_command(60, add_bench);
 
 }  // namespace dory::cli

@@ -70,4 +70,6 @@ Runner add_info(CLI::App& app) {
   return [path] { return run_info(*path); };
 }
 
+static const bool registered = register_command(10, add_info);
+
 }  // namespace dory::cli

@@ -51,4 +51,6 @@ Runner add_logits(CLI::App& app) {
   return [o] { return run_logits(*o); };
 }
 
+static const bool registered = register_command(50, add_logits);
+
 }  // namespace dory::cli

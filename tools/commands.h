@@ -1,13 +1,22 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <vector>
 
 namespace dory::cli {
 
-// Each subcommand registers itself and returns the function that runs it.
+// Each subcommand lives in its own tools/cmd_*.cpp and registers itself with
+//   static const bool registered = register_command(RANK, add_xxx);
+// add_xxx adds its CLI11 subcommand and returns the function that runs it.
+// RANK orders `dory --help`.
 using Runner = std::function<int()>;
-Runner add_info(CLI::App& app);
-Runner add_logits(CLI::App& app);
-Runner add_bench(CLI::App& app);
+using AddCommand = Runner (*)(CLI::App& app);
+
+bool register_command(int rank, AddCommand add);
+struct Registered {
+  int rank;
+  AddCommand add;
+};
+std::vector<Registered>& registered_commands();
 
 }  // namespace dory::cli

@@ -1,11 +1,23 @@
 // dory: the command line. One file per subcommand; this one dispatches and
 // turns every user-facing error into one line on stderr and exit code 1.
 #include <cstdio>
-#include <map>
+#include <algorithm>
+#include <vector>
 #include <string>
 
 #include "commands.h"
 #include "dory/error.h"
+
+namespace dory::cli {
+std::vector<Registered>& registered_commands() {
+  static std::vector<Registered> v;
+  return v;
+}
+bool register_command(int rank, AddCommand add) {
+  registered_commands().push_back({rank, add});
+  return true;
+}
+}  // namespace dory::cli
 
 namespace {
 // Errors quote names and strings from the user's files; control characters
@@ -30,17 +42,20 @@ int main(int argc, char** argv) {
   CLI::App app{"dory.cpp: inference for NVIDIA Nemotron Labs Dory (looped nGPT)", "dory"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "dory 0.1.0");
-  std::map<std::string, dory::cli::Runner> runners;
-  runners["info"] = dory::cli::add_info(app);
-  runners["logits"] = dory::cli::add_logits(app);
-  runners["bench"] = dory::cli::add_bench(app);
+  auto cmds = dory::cli::registered_commands();
+  std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  std::vector<dory::cli::Runner> runners;
+  for (const auto& c : cmds) runners.push_back(c.add(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   try {
-    for (auto* sub : app.get_subcommands()) return runners.at(sub->get_name())();
+    // Subcommands were added in `cmds` order, so their positions match runners.
+    const auto subs = app.get_subcommands({});
+    for (size_t i = 0; i < subs.size(); ++i)
+      if (subs[i]->parsed()) return runners.at(i)();
   } catch (const std::bad_alloc&) {
     print_error("out of memory");
     return 1;
