@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "runtime/pool.h"
@@ -30,6 +31,67 @@ SessionOptions RunOpts::session() const {
 }
 
 int RunOpts::n_threads() const { return threads > 0 ? threads : ThreadPool::default_threads(); }
+
+void add_gen_opts(CLI::App* app, GenOpts& o) {
+  SamplingParams& p = o.sp;
+  app->add_option("-n,--n-predict", o.n_predict, "tokens to generate (-1 = until end of text or context)")
+      ->check(CLI::Range(-1, 1 << 24))
+      ->capture_default_str();
+  app->add_option("--temp", p.temperature, "temperature (0 = greedy)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  app->add_option("--top-k", p.top_k, "top-k sampling (0 = off)")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  app->add_option("--top-p", p.top_p, "top-p sampling (1.0 = off)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app->add_option("--min-p", p.min_p, "min-p sampling (0.0 = off)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app->add_option("--repeat-penalty", p.repeat_penalty, "penalize repeated tokens (1.0 = off)")
+      ->check(CLI::Range(0.01, 100.0))
+      ->capture_default_str();
+  app->add_option("--repeat-last-n", p.repeat_last_n, "tokens the penalties look back (-1 = all)")
+      ->check(CLI::Range(-1, 1 << 24))
+      ->capture_default_str();
+  app->add_option("--presence-penalty", p.presence_penalty, "presence penalty (0.0 = off)")
+      ->check(CLI::Range(-100.0, 100.0))
+      ->capture_default_str();
+  app->add_option("--frequency-penalty", p.frequency_penalty, "frequency penalty (0.0 = off)")
+      ->check(CLI::Range(-100.0, 100.0))
+      ->capture_default_str();
+  app->add_option("-s,--seed", p.seed, "random seed (default: a random one)");
+  app->add_option("--stop", o.stop, "stop when this string is generated (repeatable)");
+  app->add_flag("--ignore-eos", o.ignore_eos, "keep generating past the end-of-text token");
+  app->add_option("--tokenizer", o.tokenizer,
+                  "tokenizer.json or its directory (default: the model directory's)");
+}
+
+GenerateParams GenOpts::params() const {
+  GenerateParams g;
+  g.max_tokens = n_predict;
+  g.stop = stop;
+  g.ignore_eos = ignore_eos;
+  return g;
+}
+
+ProgressLine::ProgressLine(const char* what) : what_(what), t0_(std::chrono::steady_clock::now()) {}
+
+void ProgressLine::update(int64_t done, int64_t total) {
+  const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  if (t < 1.0 || (shown_ && t - last_ < 0.25 && done < total)) return;
+  shown_ = true;
+  last_ = t;
+  std::fprintf(stderr, "\r%s: %lld/%lld tokens (%.0f%%), %.1f s", what_, (long long)done,
+               (long long)total, 100.0 * done / std::max<int64_t>(1, total), t);
+  std::fflush(stderr);
+}
+
+void ProgressLine::done() {
+  if (shown_) std::fputc('\n', stderr);
+  shown_ = false;
+}
 
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;

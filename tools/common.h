@@ -1,10 +1,13 @@
 #pragma once
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <string>
 #include <vector>
 
 #include "dory/model.h"
+#include "dory/generate.h"
 #include "dory/session.h"
+#include "runtime/sampler.h"
 
 namespace dory::cli {
 
@@ -19,6 +22,33 @@ struct RunOpts {
   int n_threads() const;
 };
 void add_run_opts(CLI::App* app, RunOpts& o);
+
+// Sampling and generation flags (dory run, chat, and later the server's defaults).
+struct GenOpts {
+  SamplingParams sp;
+  int n_predict = 256;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  std::string tokenizer;  // "" = the model directory's tokenizer.json
+  SamplingParams sampling() const { return sp; }
+  GenerateParams params() const;
+};
+void add_gen_opts(CLI::App* app, GenOpts& o);
+
+// A prompt-progress line on stderr, shown only once the work has taken more
+// than a second.
+class ProgressLine {
+ public:
+  explicit ProgressLine(const char* what);
+  void update(int64_t done, int64_t total);
+  void done();
+
+ private:
+  const char* what_;
+  std::chrono::steady_clock::time_point t0_;
+  bool shown_ = false;
+  double last_ = 0;
+};
 
 std::vector<int32_t> parse_ids(const std::string& s);  // "1,2,3"
 std::string human_bytes(uint64_t b);
