@@ -44,11 +44,9 @@ std::map<std::string, std::pair<int64_t, int64_t>> Model::dtype_mix() const {
 }
 
 uint64_t Model::bytes_per_token(int loops) const {
-  auto mat_bytes = [](const kern::Mat& m) {
-    return static_cast<uint64_t>(m.rows) * m.cols * dtype_size(m.dtype);
-  };
+  using kern::mat_bytes;
   const Weights& w = *weights_;
-  uint64_t b = mat_bytes(w.lm_head) + w.cfg.hidden * dtype_size(w.embd.dtype);
+  uint64_t b = mat_bytes(w.lm_head) + row_bytes(w.embd.dtype, w.cfg.hidden);
   for (const Step& st : build_plan(w.cfg, loops)) {
     if (st.op != Step::Op::Layer) continue;
     const LayerWeights& L = w.layers[st.layer];

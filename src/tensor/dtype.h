@@ -6,10 +6,28 @@
 
 namespace dory {
 
-enum class DType : uint8_t { F32, F16, BF16 };
+// Element types of weight tensors. The float types come first (values fixed:
+// F32, F16, BF16); the quantized ones are ggml's block types in ggml's exact
+// byte layouts (tensor/quant.h), so GGUF data is used in place.
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K };
 
 const char* dtype_name(DType t);
+// Bytes per element of a float type (4 or 2). Quantized types have no
+// per-element size: it throws std::logic_error for them; use row_bytes().
 int dtype_size(DType t);
+bool dtype_is_quantized(DType t);
+// Elements per block: 1 for the float types, 32 (Q8_0, Q4_0), 256 (K types).
+int dtype_block_elems(DType t);
+// Bytes per block: 4/2/2 for F32/F16/BF16; 34, 18, 144, 176, 210 for Q8_0, Q4_0,
+// Q4_K, Q5_K, Q6_K.
+int dtype_block_bytes(DType t);
+// True when a row of `cols` elements is whole blocks of t.
+bool dtype_row_ok(DType t, int64_t cols);
+// Bytes of one row of `cols` elements (cols must be whole blocks: throws
+// std::invalid_argument otherwise).
+uint64_t row_bytes(DType t, int64_t cols);
+// Bytes of a row-major tensor: product of the leading dims x row_bytes(last dim).
+uint64_t tensor_bytes(DType t, const std::vector<int64_t>& shape);
 // Parses a safetensors dtype string ("BF16", "F16", "F32"); false if unsupported.
 bool parse_safetensors_dtype(const std::string& s, DType* out);
 
@@ -20,6 +38,8 @@ inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 float f16_to_f32(uint16_t h);
+// IEEE half, round to nearest even; overflow gives +-inf, NaN stays NaN.
+uint16_t f32_to_f16(float f);
 
 // A typed, row-major view into mapped memory (or owned storage elsewhere).
 struct TensorView {
@@ -31,8 +51,9 @@ struct TensorView {
   int64_t numel() const;
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
   int64_t cols() const { return shape.size() < 2 ? (shape.empty() ? 1 : shape[0]) : shape[1]; }
-  uint64_t nbytes() const { return static_cast<uint64_t>(numel()) * dtype_size(dtype); }
-  // Converts element range [i0, i0+n) to float.
+  uint64_t nbytes() const { return tensor_bytes(dtype, shape); }
+  // Converts element range [i0, i0+n) to float (for quantized types i0 and n
+  // must be whole blocks).
   void to_f32(int64_t i0, int64_t n, float* out) const;
   std::vector<float> to_f32() const;
 };

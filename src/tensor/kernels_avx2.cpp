@@ -2,7 +2,7 @@
 // runtime check).
 #include <immintrin.h>
 
-#include "tensor/kernels_simd.h"
+#include "tensor/kernels_quant_simd.h"
 
 namespace dory::kern {
 namespace {
@@ -30,8 +30,42 @@ struct Avx2 {
   }
 };
 
+// The u8 x s8 dot step: maddubs + madd (no VNNI), or AVX-VNNI's VEX vpdpbusd.
+// The latter is written in inline assembly, so this file needs no -mavxvnni
+// and the instruction is only reached through kAvx2Vnni, after the runtime check.
+struct Dp {
+  static constexpr bool kVnni = false;
+  static constexpr int kSlot = 0;
+  static __m256i dpbusd(__m256i acc, __m256i, __m256i) { return acc; }  // unused
+  template <bool Q8>
+  static float a32_row(const uint8_t* row, const uint8_t* act, int64_t n) {
+    return qk::dot_a32_row<Dp, Q8>(row, act, n);
+  }
+  template <int K>
+  static float k_row(const uint8_t* row, const uint8_t* act, int64_t n) {
+    return qk::k_row256<K>(row, act, n);
+  }
+};
+struct DpVnni {
+  static constexpr bool kVnni = true;
+  static constexpr int kSlot = 1;
+  static __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+    return acc;
+  }
+  template <bool Q8>
+  static float a32_row(const uint8_t* row, const uint8_t* act, int64_t n) {
+    return qk::dot_a32_row<DpVnni, Q8>(row, act, n);
+  }
+  template <int K>
+  static float k_row(const uint8_t* row, const uint8_t* act, int64_t n) {
+    return qk::k_row256<K>(row, act, n);
+  }
+};
+
 }  // namespace
 
-const KernelSet kAvx2 = make_set<Avx2>("avx2");
+const KernelSet kAvx2 = make_qset<Avx2, Dp>("avx2");
+const KernelSet kAvx2Vnni = make_qset<Avx2, DpVnni>("avx2vnni");
 
 }  // namespace dory::kern

@@ -2,7 +2,7 @@
 // after a runtime check).
 #include <immintrin.h>
 
-#include "tensor/kernels_simd.h"
+#include "tensor/kernels_quant_simd.h"
 
 namespace dory::kern {
 namespace {
@@ -25,8 +25,248 @@ struct Avx512 {
   static float hsum(reg v) { return _mm512_reduce_add_ps(v); }
 };
 
+// The 16 halves d of 16 consecutive Q8_0 / Q4_0 blocks at p. A block is 17 / 9
+// 16-bit words, so two-source word permutes over loads of the blocks pick
+// them out (a gather measured 2x slower on Zen 5). Reads only the 16 blocks.
+template <bool Q8>
+inline __m256i block_halves16(const uint8_t* p) {
+  auto ld = [](const uint8_t* q) { return _mm512_loadu_si512(q); };
+  if constexpr (!Q8) {
+    // 8 blocks = 144 bytes; block k's d is word 9k of the 128 bytes at p.
+    const __m512i i0 = _mm512_setr_epi32(0 | 9 << 16, 18 | 27 << 16, 36 | 45 << 16, 54 | 63 << 16, 0, 0, 0, 0, 0,
+                                         0, 0, 0, 0, 0, 0, 0);
+    const __m512i i1 = _mm512_setr_epi32(0, 0, 0, 0, 0 | 9 << 16, 18 | 27 << 16, 36 | 45 << 16, 54 | 63 << 16, 0,
+                                         0, 0, 0, 0, 0, 0, 0);
+    const __m512i h0 = _mm512_permutex2var_epi16(ld(p), i0, ld(p + 64));
+    const __m512i h1 = _mm512_permutex2var_epi16(ld(p + 144), i1, ld(p + 208));
+    return _mm512_castsi512_si256(_mm512_mask_blend_epi16(0xFF00, h0, h1));
+  } else {
+    // 4 blocks = 136 bytes; block k's d is word 17k of the 128 bytes at p.
+    __m512i h = _mm512_setzero_si512();
+    for (int g = 0; g < 4; ++g) {
+      const __m512i idx = _mm512_mask_set1_epi64(_mm512_setzero_si512(), 1 << g,
+                                                 static_cast<long long>(0 | 17ull << 16 | 34ull << 32 | 51ull << 48));
+      const __m512i hg = _mm512_permutex2var_epi16(ld(p + 136 * g), idx, ld(p + 136 * g + 64));
+      h = _mm512_mask_blend_epi16(0xFu << (4 * g), h, hg);
+    }
+    return _mm512_castsi512_si256(h);
+  }
+}
+
+// Q8_0 / Q4_0 rows, 512-bit: two blocks per vector, against the same A32
+// input (qk::ActLayout). Per group of 16 blocks the 16 scales d_w * d_x are
+// one vector, spread to each block's 8 lanes by a permute; the 256-bit code
+// does the last < 16 blocks.
+template <class D, bool Q8>
+float a32_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
+  constexpr int kB = Q8 ? 34 : 18;
+  const qk::ActLayout L(qk::kA32, n);
+  const auto* ad = reinterpret_cast<const float*>(act + L.d);
+  const auto* ns4 = reinterpret_cast<const int32_t*>(act + L.extra);
+  const int64_t nb = n / 32;
+  // Q4_0: [nibbles b, nibbles b, nibbles b+1, nibbles b+1] >> [0, 4, 0, 4] per 128 bits.
+  const __m512i nshift = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
+                                           0x0004000400040004, 0x0004000400040004);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), x80 = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i ones = _mm512_set1_epi16(1);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t b = 0;
+  for (; b + 16 <= nb; b += 16) {
+    const uint8_t* p = row + kB * b;
+    const __m512 s16 = _mm512_mul_ps(_mm512_cvtph_ps(block_halves16<Q8>(p)), _mm512_loadu_ps(ad + b));
+    for (int k = 0; k < 16; k += 2) {
+      const uint8_t* p0 = p + kB * k;
+      const uint8_t* p1 = p0 + kB;
+      const __m512i av = _mm512_load_si512(act + 32 * (b + k));
+      const __m512i s4 = _mm512_loadu_si512(ns4 + 8 * (b + k));
+      __m512i is;
+      if constexpr (Q8) {
+        const __m512i w = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + 2))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1 + 2)), 1);
+        if constexpr (D::kVnni) {
+          is = D::dpbusd512(_mm512_slli_epi32(s4, 7), _mm512_xor_si512(w, x80), av);
+        } else {
+          const __m512i sa = _mm512_mask_sub_epi8(av, _mm512_movepi8_mask(w), _mm512_setzero_si512(), av);
+          is = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w), sa), ones);
+        }
+      } else {
+        __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + 2)));
+        z = _mm512_mask_broadcast_i32x4(z, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + 2)));
+        z = _mm512_and_si512(_mm512_srlv_epi16(z, nshift), m4);
+        const __m512i bias = _mm512_slli_epi32(s4, 3);
+        if constexpr (D::kVnni) is = D::dpbusd512(bias, z, av);
+        else is = _mm512_add_epi32(bias, _mm512_madd_epi16(_mm512_maddubs_epi16(z, av), ones));
+      }
+      const __m512i sel = _mm512_set_epi32(k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k, k, k, k, k,
+                                           k, k, k);
+      acc[(k / 2) % 4] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_permutexvar_ps(sel, s16), acc[(k / 2) % 4]);
+    }
+  }
+  float tail = 0;
+  if (b < nb) {
+    // The rest on the 256-bit path (same integers, same per-block scale).
+    __m256 t = _mm256_setzero_ps();
+    for (; b < nb; ++b) {
+      const uint8_t* p = row + kB * b;
+      const __m256i av = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + 32 * b));
+      const __m256i s4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ns4 + 8 * b));
+      const __m256i is = Q8 ? qk::block_q8_0<D>(p, av, s4) : qk::block_q4_0<D>(p, av, s4);
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(qk::half_to_f32(p) * ad[b]), t);
+    }
+    tail = qk::hsum8(t);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) + tail;
+}
+
+template <int K>
+inline __m512i shl16_512(__m512i v) {
+  if constexpr (K > 0) return _mm512_slli_epi16(v, K);
+  else if constexpr (K < 0) return _mm512_srli_epi16(v, -K);
+  else return v;
+}
+
+// int16 lane indices: lanes 16h..16h+15 take lane a (h = 0) or b (h = 1).
+inline __m512i idx16x2(int a, int b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(a))),
+                            _mm256_set1_epi16(static_cast<short>(b)), 1);
+}
+// int16 lane indices: lanes 8i..8i+7 take lane first + i (i = 0..3).
+inline __m512i idx16x4(int first) {
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(static_cast<short>(first + 1)),
+                                              _mm_set1_epi16(static_cast<short>(first)))),
+      _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(first + 3)), _mm_set1_epi16(static_cast<short>(first + 2))),
+      1);
+}
+
+// Q4_K / Q5_K rows, 512-bit: a 64-element chunk (two sub-blocks: the low and
+// the high nibbles of 32 bytes) per vector; sub-block scales by int16 permute.
+template <bool Q5>
+float k45_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
+  const qk::ActLayout L(qk::kQ8K, n);
+  const auto* ad = reinterpret_cast<const float*>(act + L.d);
+  const auto* b32 = reinterpret_cast<const int16_t*>(act + L.extra2);
+  constexpr int kBytes = Q5 ? 176 : 144;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+  __m512 acc = _mm512_setzero_ps();
+  __m128 accm = _mm_setzero_ps();
+  for (int64_t sb = 0; sb < n / 256; ++sb) {
+    const uint8_t* p = row + kBytes * sb;
+    const int8_t* a = reinterpret_cast<const int8_t*>(act) + 256 * sb;
+    uint64_t sc, mn;
+    qk::unpack_scales_k4(p + 4, &sc, &mn);
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(mn)));
+    const __m128i msum = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b32 + 8 * sb)));
+    const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    const uint8_t* qs = p + (Q5 ? 48 : 16);
+    __m512i H = _mm512_setzero_si512();
+    if constexpr (Q5) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+      H = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 1), 1);  // [qh | qh >> 1]
+    }
+    __m512i is = _mm512_setzero_si512();
+    auto chunk = [&](auto cc) {
+      constexpr int c = decltype(cc)::value;
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+      __m512i z = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), m4);
+      // Q5: bit 2c of qh (low half) / 2c+1 (high half, already >> 1) to bit 4.
+      if constexpr (Q5) z = _mm512_or_si512(z, _mm512_and_si512(shl16_512<4 - 2 * c>(H), m10));
+      const __m512i av = _mm512_loadu_si512(a + 64 * c);
+      const __m512i s = _mm512_permutexvar_epi16(idx16x2(2 * c, 2 * c + 1), sc16);
+      is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_maddubs_epi16(z, av), s));
+    };
+    chunk(std::integral_constant<int, 0>{});
+    chunk(std::integral_constant<int, 1>{});
+    chunk(std::integral_constant<int, 2>{});
+    chunk(std::integral_constant<int, 3>{});
+    const float da = ad[sb];
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(qk::half_to_f32(p) * da), acc);
+    accm = _mm_fmadd_ps(_mm_cvtepi32_ps(msum), _mm_set1_ps(qk::half_to_f32(p + 2) * da), accm);
+  }
+  return _mm512_reduce_add_ps(acc) - qk::hsum4(accm);
+}
+
+// Q6_K rows, 512-bit: 64 elements per vector (ql's 64 bytes of a half give the
+// low nibbles of elements 0-63 and the high nibbles of 64-127).
+inline float q6k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
+  const qk::ActLayout L(qk::kQ8K, n);
+  const auto* ad = reinterpret_cast<const float*>(act + L.d);
+  const auto* bs = reinterpret_cast<const int16_t*>(act + L.extra);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < n / 256; ++sb) {
+    const uint8_t* p = row + 210 * sb;
+    const int8_t* a = reinterpret_cast<const int8_t*>(act) + 256 * sb;
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)));
+    const __m512i sc16 = _mm512_castsi256_si512(s16);
+    // sum_k sc_k * bsum_k: the -32 offset of every code, applied once.
+    const __m256i bias = _mm256_madd_epi16(s16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * sb)));
+    __m512i is = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 5)));
+    for (int h = 0; h < 2; ++h) {
+      const __m512i Lq = _mm512_loadu_si512(p + 64 * h);
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
+      const __m512i Hz = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);  // [qh | qh >> 2]
+      const __m512i ulo = _mm512_or_si512(_mm512_and_si512(Lq, m4), _mm512_and_si512(_mm512_slli_epi16(Hz, 4), m30));
+      const __m512i uhi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Lq, 4), m4), _mm512_and_si512(Hz, m30));
+      const __m512i alo = _mm512_loadu_si512(a + 128 * h), ahi = _mm512_loadu_si512(a + 128 * h + 64);
+      const __m512i slo = _mm512_permutexvar_epi16(idx16x4(8 * h), sc16);
+      const __m512i shi = _mm512_permutexvar_epi16(idx16x4(8 * h + 4), sc16);
+      is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_maddubs_epi16(ulo, alo), slo));
+      is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_maddubs_epi16(uhi, ahi), shi));
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(qk::half_to_f32(p + 208) * ad[sb]), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+template <int K>
+inline float k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
+  if constexpr (K == 6) return q6k_row512(row, act, n);
+  else return k45_row512<K == 5>(row, act, n);
+}
+
+// The u8 x s8 dot step: maddubs + madd (no VNNI), or AVX512_VNNI's EVEX
+// vpdpbusd, in inline assembly so this file needs no -mavx512vnni; it is only
+// reached through kAvx512Vnni, after the runtime check.
+struct Dp {
+  static constexpr bool kVnni = false;
+  static constexpr int kSlot = 2;
+  static __m256i dpbusd(__m256i acc, __m256i, __m256i) { return acc; }  // unused
+  static __m512i dpbusd512(__m512i acc, __m512i, __m512i) { return acc; }  // unused
+  template <bool Q8>
+  static float a32_row(const uint8_t* row, const uint8_t* act, int64_t n) {
+    return a32_row512<Dp, Q8>(row, act, n);
+  }
+  template <int K>
+  static float k_row(const uint8_t* row, const uint8_t* act, int64_t n) {
+    return k_row512<K>(row, act, n);
+  }
+};
+struct DpVnni {
+  static constexpr bool kVnni = true;
+  static constexpr int kSlot = 3;
+  static __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+    asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+  }
+  static __m512i dpbusd512(__m512i acc, __m512i u, __m512i s) {
+    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+  }
+  template <bool Q8>
+  static float a32_row(const uint8_t* row, const uint8_t* act, int64_t n) {
+    return a32_row512<DpVnni, Q8>(row, act, n);
+  }
+  template <int K>
+  static float k_row(const uint8_t* row, const uint8_t* act, int64_t n) {
+    return k_row512<K>(row, act, n);
+  }
+};
+
 }  // namespace
 
-const KernelSet kAvx512 = make_set<Avx512>("avx512");
+const KernelSet kAvx512 = make_qset<Avx512, Dp>("avx512");
+const KernelSet kAvx512Vnni = make_qset<Avx512, DpVnni>("avx512vnni");
 
 }  // namespace dory::kern

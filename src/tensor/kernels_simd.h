@@ -149,10 +149,5 @@ void axpy_t(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-template <class V>
-constexpr KernelSet make_set(const char* name) {
-  return KernelSet{name, matvec_t<V>, matmat_t<V>, dot_t<V>, axpy_t<V>};
-}
-
 }  // namespace
 }  // namespace dory::kern
