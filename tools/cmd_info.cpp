@@ -1,9 +1,11 @@
 // dory info: what a model is, without running it.
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include "commands.h"
 #include "common.h"
+#include "model/weights.h"
 
 namespace dory::cli {
 
@@ -24,8 +26,14 @@ int run_info(const std::string& path) {
   const DoryConfig& c = model->config();
   const auto files = model->files();
   std::printf("model          %s\n", model->path().c_str());
-  std::printf("format         Hugging Face safetensors, %zu file%s, %s\n", files.size(),
-              files.size() == 1 ? "" : "s", human_bytes(model->file_bytes()).c_str());
+  const gguf::File* gf = model->weights().gguf.get();
+  if (gf)
+    std::printf("format         GGUF v%u, %zu tensors, %zu metadata keys, alignment %u, %s\n",
+                gf->version(), gf->tensors().size(), gf->metadata().size(), gf->alignment(),
+                human_bytes(model->file_bytes()).c_str());
+  else
+    std::printf("format         Hugging Face safetensors, %zu file%s, %s\n", files.size(),
+                files.size() == 1 ? "" : "s", human_bytes(model->file_bytes()).c_str());
   std::printf("architecture   DoryForCausalLM (looped normalized GPT)\n");
   std::printf("hidden         %lld   ffn %lld   vocab %lld\n", (long long)c.hidden,
               (long long)c.ffn, (long long)c.vocab);
@@ -52,12 +60,19 @@ int run_info(const std::string& path) {
               (np >= 1e9 ? std::to_string(np / 1e9).substr(0, 5) + " B"
                          : std::to_string(np / 1e6).substr(0, 5) + " M")
                   .c_str());
+  std::map<std::string, uint64_t> bytes;
+  for (const auto& t : model->weights().all) bytes[dtype_name(t.dtype)] += t.nbytes();
   for (const auto& [dt, e] : model->dtype_mix())
-    std::printf("dtype          %-5s %5lld tensors, %lld elements\n", dt.c_str(),
-                (long long)e.first, (long long)e.second);
+    std::printf("dtype          %-5s %5lld tensors, %lld elements, %s\n", dt.c_str(),
+                (long long)e.first, (long long)e.second, human_bytes(bytes[dt]).c_str());
   std::printf("decode reads   %s of weights per token at %lld loops\n",
               human_bytes(model->bytes_per_token(static_cast<int>(c.n_loops))).c_str(),
               (long long)c.n_loops);
+  if (gf) {
+    std::printf("metadata\n");
+    for (const auto& [k, v] : gf->metadata())
+      std::printf("  %-36s %-6s %s\n", k.c_str(), gguf::vtype_name(v.type), v.show().c_str());
+  }
   return 0;
 }
 

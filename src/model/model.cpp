@@ -7,7 +7,7 @@ namespace dory {
 
 std::shared_ptr<const Model> Model::load(const std::string& path) {
   std::shared_ptr<Model> m(new Model());
-  m->weights_ = load_hf_weights(path, &m->path_);
+  m->weights_ = load_weights(path, &m->path_);
   return m;
 }
 
@@ -24,12 +24,14 @@ int64_t Model::n_params() const {
 uint64_t Model::file_bytes() const {
   uint64_t b = 0;
   for (const auto& f : weights_->files) b += f->size();
+  if (weights_->gguf) b += weights_->gguf->size();
   return b;
 }
 
 std::vector<std::string> Model::files() const {
   std::vector<std::string> v;
   for (const auto& f : weights_->files) v.push_back(f->path());
+  if (weights_->gguf) v.push_back(weights_->gguf->path());
   return v;
 }
 

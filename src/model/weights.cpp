@@ -3,12 +3,15 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "format/hf_config.h"
 #include "format/mapped_file.h"
+#include "model/gguf_dory.h"
 
 namespace dory {
 
@@ -72,6 +75,49 @@ kern::Mat as_mat(const TensorView& t) {
                    t.shape.size() == 2 ? t.shape[1] : t.numel()};
 }
 
+// Points the matrices into the files and folds the scale vectors' constants.
+template <class Get>
+void fold_weights(Weights& wr, Get get) {
+  Weights* w = &wr;
+  auto scaled = [&](const std::string& n, auto f) {
+    std::vector<float> v = get(n).to_f32();
+    for (float& x : v) x = static_cast<float>(f(static_cast<double>(x)));
+    return v;
+  };
+  const DoryConfig& c = w->cfg;
+  const double sigma = c.init_std;
+  w->embd = get("backbone.embeddings.weight");
+  w->lm_head = as_mat(get("lm_head.weight"));
+  w->logit_scale = scaled("lm_head.logit_scale", [&](double s) { return s / sigma; });
+  w->layers.resize(c.n_layer);
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    LayerWeights& L = w->layers[i];
+    const std::string p = "backbone.layers." + std::to_string(i) + ".";
+    L.kind = c.pattern[i];
+    L.rope_profile = c.rope_profile[i];
+    auto rate = [&](double a) { return std::fabs(a * c.alpha_init / sigma); };
+    if (c.is_attention(i)) {
+      L.wq = as_mat(get(p + "mixer.q_proj.weight"));
+      L.wk = as_mat(get(p + "mixer.k_proj.weight"));
+      L.wv = as_mat(get(p + "mixer.v_proj.weight"));
+      L.wg = as_mat(get(p + "mixer.g_proj.weight"));
+      L.wo = as_mat(get(p + "mixer.o_proj.weight"));
+      const double fq = std::sqrt(double(c.head_dim)) / sigma, fg = std::sqrt(c.g0()) / sigma;
+      L.q_scale = scaled(p + "mixer.sqk", [&](double s) { return (s * fq) * (s * fq); });
+      L.gate_scale = scaled(p + "mixer.s_gate", [&](double s) { return (s * fg) * (s * fg); });
+      L.alpha = scaled(p + "attn_alpha", rate);
+    } else {
+      L.w_gate = as_mat(get(p + "mixer.gate_proj.weight"));
+      L.w_up = as_mat(get(p + "mixer.up_proj.weight"));
+      L.w_down = as_mat(get(p + "mixer.down_proj.weight"));
+      const double fs = std::sqrt(double(c.hidden));
+      L.suv_gate = scaled(p + "mixer.suv_gate", [&](double s) { return s * fs; });
+      L.suv_up = scaled(p + "mixer.suv_up", [&](double s) { return s * fs; });
+      L.alpha = scaled(p + "mlp_alpha", rate);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const DoryConfig& c) {
@@ -108,9 +154,6 @@ std::unique_ptr<Weights> load_hf_weights(const std::string& path, std::string* r
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   if (!is_dir(dir)) {
     if (!is_file(dir)) throw Error(path + ": no such file or directory");
-    if (ends_with(dir, ".gguf"))
-      throw Error(path + ": GGUF files are not supported yet; pass a Hugging Face directory "
-                         "(config.json + model.safetensors)");
     if (!ends_with(dir, ".safetensors") && !ends_with(dir, ".json"))
       throw Error(path + ": not a model: expected a Hugging Face directory with config.json "
                          "and model.safetensors");
@@ -169,44 +212,72 @@ std::unique_ptr<Weights> load_hf_weights(const std::string& path, std::string* r
     w->all.push_back(t);
   }
 
-  auto get = [&](const std::string& n) -> const TensorView& { return *by_name[n]; };
-  auto scaled = [&](const std::string& n, auto f) {
-    std::vector<float> v = get(n).to_f32();
-    for (float& x : v) x = static_cast<float>(f(static_cast<double>(x)));
-    return v;
-  };
-  const double sigma = c.init_std;
-  w->embd = get("backbone.embeddings.weight");
-  w->lm_head = as_mat(get("lm_head.weight"));
-  w->logit_scale = scaled("lm_head.logit_scale", [&](double s) { return s / sigma; });
-  w->layers.resize(c.n_layer);
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    LayerWeights& L = w->layers[i];
-    const std::string p = "backbone.layers." + std::to_string(i) + ".";
-    L.kind = c.pattern[i];
-    L.rope_profile = c.rope_profile[i];
-    auto rate = [&](double a) { return std::fabs(a * c.alpha_init / sigma); };
-    if (c.is_attention(i)) {
-      L.wq = as_mat(get(p + "mixer.q_proj.weight"));
-      L.wk = as_mat(get(p + "mixer.k_proj.weight"));
-      L.wv = as_mat(get(p + "mixer.v_proj.weight"));
-      L.wg = as_mat(get(p + "mixer.g_proj.weight"));
-      L.wo = as_mat(get(p + "mixer.o_proj.weight"));
-      const double fq = std::sqrt(double(c.head_dim)) / sigma, fg = std::sqrt(c.g0()) / sigma;
-      L.q_scale = scaled(p + "mixer.sqk", [&](double s) { return (s * fq) * (s * fq); });
-      L.gate_scale = scaled(p + "mixer.s_gate", [&](double s) { return (s * fg) * (s * fg); });
-      L.alpha = scaled(p + "attn_alpha", rate);
-    } else {
-      L.w_gate = as_mat(get(p + "mixer.gate_proj.weight"));
-      L.w_up = as_mat(get(p + "mixer.up_proj.weight"));
-      L.w_down = as_mat(get(p + "mixer.down_proj.weight"));
-      const double fs = std::sqrt(double(c.hidden));
-      L.suv_gate = scaled(p + "mixer.suv_gate", [&](double s) { return s * fs; });
-      L.suv_up = scaled(p + "mixer.suv_up", [&](double s) { return s * fs; });
-      L.alpha = scaled(p + "mlp_alpha", rate);
+  fold_weights(*w, [&](const std::string& n) -> const TensorView& { return *by_name[n]; });
+  return w;
+}
+
+
+std::unique_ptr<Weights> load_gguf_weights(const std::string& path) {
+  auto w = std::make_unique<Weights>();
+  w->gguf = std::make_unique<gguf::File>(path);
+  const gguf::File& f = *w->gguf;
+  w->cfg = config_from_gguf(f);
+  DoryConfig& c = w->cfg;
+  // llama.cpp always writes dory.gate_init (sqrt(H) when config.json has null):
+  // take that value as "sqrt(H)" so a converted file computes what its config did.
+  if (c.gate_init && static_cast<float>(*c.gate_init) == static_cast<float>(std::sqrt(double(c.hidden))))
+    c.gate_init.reset();
+
+  const auto expected = expected_tensors(c);
+  std::map<std::string, const TensorView*> by_name;  // HF name -> view
+  std::set<std::string> want;
+  std::vector<std::string> missing, unexpected;
+  for (const auto& [name, shape] : expected) {
+    const std::string g = gguf_tensor_name(name);
+    want.insert(g);
+    const gguf::TensorInfo* t = f.tensor(g);
+    if (!t) missing.push_back(g);
+    else by_name[name] = &t->view;
+  }
+  for (const auto& t : f.tensors())
+    if (!want.count(t.name)) unexpected.push_back(t.name);
+  if (!missing.empty())
+    throw Error(path + ": " + std::to_string(missing.size()) +
+                " tensors that the dory.* metadata implies are missing: " + list_names(missing));
+  if (!unexpected.empty())
+    throw Error(path + ": " + std::to_string(unexpected.size()) +
+                " unexpected tensors (not part of this Dory config): " + list_names(unexpected));
+  for (const auto& [name, shape] : expected) {
+    const TensorView& t = *by_name[name];
+    if (t.shape != shape) {
+      std::vector<int64_t> ne(shape.rbegin(), shape.rend());
+      throw Error(path + ": tensor '" + t.name + "' has shape " + shape_str(t.shape) +
+                  " (ne " + shape_str(std::vector<int64_t>(t.shape.rbegin(), t.shape.rend())) +
+                  "), but the metadata implies " + shape_str(shape) + " (ne " + shape_str(ne) + ")");
+    }
+    if (shape.size() == 1 && dtype_is_quantized(t.dtype))
+      throw Error(path + ": tensor '" + t.name + "' is " + dtype_name(t.dtype) +
+                  "; 1-D tensors must be F32, F16 or BF16");
+    w->all.push_back(t);
+  }
+  fold_weights(*w, [&](const std::string& n) -> const TensorView& { return *by_name[n]; });
+  return w;
+}
+
+std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved) {
+  if (is_file(path)) {
+    bool gguf_magic = false;
+    if (std::FILE* fp = std::fopen(path.c_str(), "rb")) {
+      char m[4] = {};
+      gguf_magic = std::fread(m, 1, 4, fp) == 4 && std::memcmp(m, "GGUF", 4) == 0;
+      std::fclose(fp);
+    }
+    if (gguf_magic || ends_with(path, ".gguf")) {
+      *resolved = path;
+      return load_gguf_weights(path);
     }
   }
-  return w;
+  return load_hf_weights(path, resolved);
 }
 
 }  // namespace dory

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "dory/model.h"
+#include "format/gguf.h"
 #include "format/safetensors.h"
 #include "tensor/kernels.h"
 
@@ -29,6 +30,7 @@ struct LayerWeights {
 struct Weights {
   DoryConfig cfg;
   std::vector<std::unique_ptr<SafeTensorsFile>> files;
+  std::unique_ptr<gguf::File> gguf;  // set when loaded from a .gguf (then files is empty)
   std::vector<TensorView> all;  // every tensor, for info
   TensorView embd;              // [V, H]
   kern::Mat lm_head{};          // [V, H]
@@ -39,6 +41,14 @@ struct Weights {
 // Loads a Hugging Face directory (or a file in one). Checks every tensor's
 // presence, dtype and shape against the config; throws Error naming them.
 std::unique_ptr<Weights> load_hf_weights(const std::string& path, std::string* resolved_dir);
+
+// Loads a .gguf in llama.cpp's Dory layout: the same checks (every tensor
+// present, shaped right, nothing unexpected); matrices may be any weight type,
+// 1-D tensors F32/F16/BF16.
+std::unique_ptr<Weights> load_gguf_weights(const std::string& path);
+
+// Either of the above, by what path is.
+std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved);
 
 // The tensor names and shapes a config implies, in a stable order.
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const DoryConfig& c);

@@ -1,0 +1,223 @@
+// dory convert HF_DIR OUT.gguf [--type ...], and the engine of dory quantize:
+// a model in, GGUF in llama.cpp's Dory layout out, tensor by tensor, written to
+// OUT.tmp and renamed at the end so a failure leaves no broken file.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "commands.h"
+#include "common.h"
+#include "convert.h"
+#include "format/gguf.h"
+#include "model/gguf_dory.h"
+#include "model/weights.h"
+#include "tensor/quant.h"
+
+namespace dory::cli {
+
+const char* const kConvertTypes = "bf16|f16|f32|q8_0|q4_0|q4_k_m|q5_k_m|q6_k";
+const char* const kConvertRecipe =
+    "Which tensor gets which type (llama.cpp's llama-quant.cpp rules where they apply):\n"
+    "  1-D tensors (scales, alpha, logit_scale): BF16 at --type bf16, F16 at f16, else F32\n"
+    "  bf16/f16/f32/q8_0/q6_k: every matrix that type\n"
+    "  q4_0:   matrices Q4_0; output.weight Q6_K\n"
+    "  q4_k_m: matrices Q4_K; output.weight Q6_K; attn_v and ffn_down Q6_K where\n"
+    "          llama.cpp's use_more_bits(i, n) holds (first 1/8, last 1/8, every 3rd\n"
+    "          between; i counts those tensors in name order), else Q4_K\n"
+    "  q5_k_m: as q4_k_m with Q5_K in place of Q4_K\n"
+    "  Rows that are not whole blocks: K types fall back to Q8_0 (llama.cpp: Q5_0/Q5_1/Q8_0),\n"
+    "  Q8_0/Q4_0 to F16; output.weight with rows not whole 256 blocks gets Q8_0.";
+
+namespace {
+
+struct FType {
+  const char* name;
+  DType base;
+  uint32_t file_type;  // llama.cpp's LlamaFileType
+  bool k_mix;          // the _M rules
+  bool output_q6k;
+};
+
+const FType kFTypes[] = {
+    {"f32", DType::F32, 0, false, false},     {"f16", DType::F16, 1, false, false},
+    {"bf16", DType::BF16, 32, false, false},  {"q8_0", DType::Q8_0, 7, false, false},
+    {"q4_0", DType::Q4_0, 2, false, true},    {"q4_k_m", DType::Q4_K, 15, true, true},
+    {"q5_k_m", DType::Q5_K, 17, true, true},  {"q6_k", DType::Q6_K, 18, false, true},
+};
+
+bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+DType fallback(DType t, int64_t cols) {
+  if (dtype_row_ok(t, cols)) return t;
+  if (t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K)
+    return dtype_row_ok(DType::Q8_0, cols) ? DType::Q8_0 : DType::F16;
+  return DType::F16;
+}
+
+bool contains(const std::string& s, const char* sub) { return s.find(sub) != std::string::npos; }
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string base_name(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t s = p.rfind('/');
+  return s == std::string::npos ? p : p.substr(s + 1);
+}
+
+struct Plan {
+  std::string name;  // GGUF name
+  const TensorView* src;
+  DType type;
+};
+
+// Converts rows [r0, r1) of src (cols each) to dst type t.
+void convert_rows(const TensorView& src, DType t, int64_t cols, int64_t r0, int64_t r1,
+                  uint8_t* out, std::vector<float>& tmp) {
+  const uint64_t rb = row_bytes(t, cols);
+  tmp.resize(cols);
+  for (int64_t r = r0; r < r1; ++r) {
+    src.to_f32(r * cols, cols, tmp.data());
+    quantize_row(t, tmp.data(), out + (r - r0) * rb, cols);
+  }
+}
+
+}  // namespace
+
+int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
+  const FType* ft = nullptr;
+  for (const FType& f : kFTypes)
+    if (o.type == f.name) ft = &f;
+  if (!ft) throw Error("--type '" + o.type + "' is not one of " + kConvertTypes);
+  if (require_hf_dir && !is_dir(o.in))
+    throw Error(o.in + ": not a directory; dory convert takes a Hugging Face directory "
+                       "(use dory quantize for a GGUF input)");
+  std::string resolved;
+  std::unique_ptr<Weights> w = load_weights(o.in, &resolved);
+  const DoryConfig& c = w->cfg;
+
+  gguf::Writer wr;
+  std::string tok_note;
+  if (w->gguf) {
+    // Keep the input's metadata (tokenizer, template, anything else) as it is.
+    for (const auto& [k, v] : w->gguf->metadata())
+      if (k != "general.alignment") wr.set(k, v);
+  } else {
+    wr.set("general.architecture", gguf::Value::str("dory"));
+    wr.set("general.name", gguf::Value::str(base_name(resolved)));
+  }
+  write_dory_metadata(wr, c);
+  wr.set("general.file_type", gguf::Value::u32(ft->file_type));
+  wr.set("general.quantization_version", gguf::Value::u32(2));
+  if (!w->gguf) tok_note = write_tokenizer_metadata(wr, resolved, c.vocab);
+
+  // Tensors in name order (llama.cpp's quantizer walks them in that order, and
+  // its use_more_bits counters follow it).
+  std::map<std::string, const TensorView*> src;
+  for (const TensorView& t : w->all) {
+    const std::string g = w->gguf ? t.name : gguf_tensor_name(t.name);
+    src[g] = &t;
+  }
+  int64_t n_wv = 0, n_down = 0, i_wv = 0, i_down = 0;
+  for (const auto& [name, t] : src) {
+    n_wv += contains(name, "attn_v.weight");
+    n_down += contains(name, "ffn_down.weight");
+  }
+  std::vector<Plan> plan;
+  for (const auto& [name, t] : src) {
+    DType ty;
+    if (t->shape.size() == 1) {
+      ty = ft->base == DType::BF16 ? DType::BF16 : ft->base == DType::F16 ? DType::F16 : DType::F32;
+    } else {
+      const int64_t cols = t->shape.back();
+      ty = ft->base;
+      if (name == "output.weight" && ft->output_q6k)
+        ty = dtype_row_ok(DType::Q6_K, cols) ? DType::Q6_K : DType::Q8_0;
+      if (ft->k_mix && contains(name, "attn_v.weight") && use_more_bits(i_wv, n_wv)) ty = DType::Q6_K;
+      if (ft->k_mix && contains(name, "ffn_down.weight") && use_more_bits(i_down, n_down))
+        ty = DType::Q6_K;
+      ty = fallback(ty, cols);
+    }
+    if (contains(name, "attn_v.weight")) ++i_wv;
+    if (contains(name, "ffn_down.weight")) ++i_down;
+    plan.push_back({name, t, ty});
+    wr.add_tensor(name, ty, t->shape);
+  }
+
+  const std::string tmp = o.out + ".tmp";
+  try {
+    wr.begin(tmp);
+    if (!o.quiet) {
+      std::fprintf(stderr, "writing %s: %zu tensors, type %s%s%s\n", o.out.c_str(), plan.size(),
+                   ft->name, tok_note.empty() ? "" : ", ", tok_note.c_str());
+    }
+    const int nth = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+    uint64_t total = 0;
+    for (size_t k = 0; k < plan.size(); ++k) {
+      const Plan& p = plan[k];
+      const TensorView& t = *p.src;
+      const int64_t cols = t.shape.back();
+      const int64_t rows = t.numel() / std::max<int64_t>(cols, 1);
+      const uint64_t rb = row_bytes(p.type, cols);
+      if (t.dtype == p.type) {
+        wr.write_tensor(t.data, t.nbytes());  // same type: the bytes as they are
+      } else {
+        // Pieces of up to ~64 MiB of output, rows spread over threads.
+        const int64_t step = std::max<int64_t>(1, int64_t((64ull << 20) / std::max<uint64_t>(rb, 1)));
+        std::vector<uint8_t> buf;
+        for (int64_t r0 = 0; r0 < rows; r0 += step) {
+          const int64_t r1 = std::min(rows, r0 + step);
+          buf.resize((r1 - r0) * rb);
+          const int64_t nt = std::min<int64_t>(nth, r1 - r0);
+          std::vector<std::thread> th;
+          for (int64_t i = 0; i < nt; ++i) {
+            const int64_t a = r0 + (r1 - r0) * i / nt, b = r0 + (r1 - r0) * (i + 1) / nt;
+            th.emplace_back([&, a, b] {
+              std::vector<float> f;
+              convert_rows(t, p.type, cols, a, b, buf.data() + (a - r0) * rb, f);
+            });
+          }
+          for (auto& x : th) x.join();
+          wr.write_tensor_data(buf.data(), buf.size());
+        }
+      }
+      total += rows * rb;
+      if (!o.quiet)
+        std::fprintf(stderr, "[%3zu/%zu] %-28s %-5s %-14s -> %-5s %s\n", k + 1, plan.size(),
+                     p.name.c_str(), dtype_name(t.dtype), shape_str(t.shape).c_str(),
+                     dtype_name(p.type), human_bytes(rows * rb).c_str());
+    }
+    wr.finish();
+    if (std::rename(tmp.c_str(), o.out.c_str()) != 0)
+      throw Error(o.out + ": cannot rename " + tmp + " to it: " + std::strerror(errno));
+    if (!o.quiet) std::fprintf(stderr, "wrote %s (%s of tensor data)\n", o.out.c_str(), human_bytes(total).c_str());
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  return 0;
+}
+
+Runner add_convert(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "convert", std::string("convert a Hugging Face directory to GGUF (llama.cpp's Dory layout)\n") +
+                     kConvertRecipe);
+  auto o = std::make_shared<ConvertOpts>();
+  cmd->add_option("input", o->in, "Hugging Face directory (config.json + safetensors)")->required();
+  cmd->add_option("output", o->out, "output .gguf")->required();
+  cmd->add_option("--type", o->type, std::string("weight type (default bf16): ") + kConvertTypes);
+  cmd->add_option("-t,--threads", o->threads, "threads (default all cores)");
+  cmd->add_flag("-q,--quiet", o->quiet, "no per-tensor progress lines");
+  return [o] { return convert_to_gguf(*o, true); };
+}
+
+static const bool registered = register_command(74, add_convert);
+
+}  // namespace dory::cli

@@ -1,0 +1,23 @@
+// dory quantize IN OUT.gguf --type ...: IN is a Hugging Face directory or a GGUF.
+#include "commands.h"
+#include "convert.h"
+
+namespace dory::cli {
+
+Runner add_quantize(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "quantize", std::string("write a model (HF directory or GGUF) as GGUF at a weight type\n") +
+                      kConvertRecipe);
+  auto o = std::make_shared<ConvertOpts>();
+  o->type = "";
+  cmd->add_option("input", o->in, "Hugging Face directory or .gguf")->required();
+  cmd->add_option("output", o->out, "output .gguf")->required();
+  cmd->add_option("--type", o->type, std::string("weight type: ") + kConvertTypes)->required();
+  cmd->add_option("-t,--threads", o->threads, "threads (default all cores)");
+  cmd->add_flag("-q,--quiet", o->quiet, "no per-tensor progress lines");
+  return [o] { return convert_to_gguf(*o, false); };
+}
+
+static const bool registered = register_command(75, add_quantize);
+
+}  // namespace dory::cli
