@@ -1,5 +1,5 @@
 // dory tokenize: text to token ids with the model's own tokenizer.json, like llama-tokenize.
-//   dory tokenize -m MODEL_DIR|TOKENIZER_JSON -p TEXT [--show] [--special]
+//   dory tokenize -m MODEL_DIR|TOKENIZER_JSON|MODEL.gguf -p TEXT [--show] [--special]
 //   dory tokenize -m MODEL_DIR --jsonl FILE      one JSON string per line in, one array out
 #include <cstdio>
 #include <fstream>
@@ -85,9 +85,9 @@ int run_tokenize(const TokenizeOpts& o) {
 
 Runner add_tokenize(CLI::App& app) {
   auto* cmd =
-      app.add_subcommand("tokenize", "print the token ids of a text (the model's tokenizer.json)");
+      app.add_subcommand("tokenize", "print the token ids of a text (the model's tokenizer.json or GGUF tokenizer)");
   auto o = std::make_shared<TokenizeOpts>();
-  cmd->add_option("-m,--model", o->model, "model directory or tokenizer.json")->required();
+  cmd->add_option("-m,--model", o->model, "model directory, tokenizer.json, or .gguf (its tokenizer.ggml.* metadata)")->required();
   auto* p = cmd->add_option("-p,--prompt", o->prompt, "text to tokenize");
   cmd->add_option(
       "--jsonl", o->jsonl,

@@ -559,6 +559,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_path(const std::string& path) {
     if (!fs::exists(tj, ec)) throw Error(path + ": no tokenizer.json in this directory");
   } else {
     if (!fs::exists(path, ec)) throw Error(path + ": no such file or directory");
+    if (tok::is_gguf_file(path)) return tok::from_gguf_path(path);
     tj = path;
     dir = tj.parent_path();
     if (dir.empty()) dir = ".";

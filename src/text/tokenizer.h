@@ -18,6 +18,9 @@ namespace dory {
 namespace tok {
 struct Impl;
 }
+namespace gguf {
+class File;
+}
 
 class Tokenizer {
  public:
@@ -27,8 +30,16 @@ class Tokenizer {
                                                const std::string& tokenizer_config_json);
   // A directory holding tokenizer.json (and maybe tokenizer_config.json, chat_template.jinja,
   // generation_config.json for extra EOS ids); or a path to a tokenizer.json, with its
-  // directory's tokenizer_config.json when there is one.
+  // directory's tokenizer_config.json when there is one; or a .gguf file (from_gguf).
   static std::unique_ptr<Tokenizer> from_path(const std::string& path);
+  // A GGUF file's tokenizer.ggml.* metadata (llama.cpp's keys) and tokenizer.chat_template,
+  // turned into the tokenizer.json pipeline it stands for and loaded by the same code:
+  // model "gpt2" (byte-level BPE: tokens, merges, token_type 3 = control -> special added
+  // token, 4 = user-defined -> added token), "llama" (SentencePiece BPE: scores -> merges,
+  // byte fallback); tokenizer.ggml.pre names the pre-tokenizer regex as llama.cpp does.
+  // BOS/EOS/UNK ids, add_bos_token/add_eos_token (else llama.cpp's default for the pre name).
+  // An unknown model or pre name, or inconsistent metadata, is a dory::Error naming the file.
+  static std::unique_ptr<Tokenizer> from_gguf(const gguf::File& file);
   // The same from JSON text already in memory; the names are what errors call them.
   static std::unique_ptr<Tokenizer> from_json(
       std::string_view tokenizer_json, std::string_view tokenizer_config_json = {},

@@ -223,4 +223,8 @@ bool get_bool_or(const json& j, const char* key, const std::string& where, bool 
 int64_t get_int_or(const json& j, const char* key, const std::string& where, int64_t dflt);
 void byte_level_map(std::string& s);  // bytes -> GPT-2 characters, in place
 
+// src/text/tokenizer_gguf.cpp: whether a file starts with the GGUF magic, and its tokenizer.
+bool is_gguf_file(const std::string& path);
+std::unique_ptr<Tokenizer> from_gguf_path(const std::string& path);
+
 }  // namespace dory::tok

@@ -197,5 +197,48 @@ class Info(unittest.TestCase):
         self.assertRegex(out, r"F32\s+\d+ tensors")
 
 
+class TokenizerFromGguf(unittest.TestCase):
+    """dory convert embeds tokenizer.ggml.*; dory tokenize on the .gguf gives the ids the
+    directory's tokenizer.json gives (and the goldens), for every golden string."""
+
+    # gpt2's test file has added tokens with single_word/lstrip/rstrip, which GGUF cannot carry.
+    LOSSY = {"gpt2": ("Hello", "<sep>", "<mask>", "[WORD]"), "llama3-131k": ()}
+
+    def check(self, base, vocab):
+        src = os.path.join(ROOT, "tests", "data", "tokenizers", base)
+        hf = os.path.join(_TMP, "tok-" + base)
+        subprocess.run([PY, os.path.join(ROOT, "scripts", "make_checkpoint.py"), "--out", hf,
+                        "--set", f"vocab_size={vocab}", "--quiet"], check=True)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(src, f), hf)
+        out = os.path.join(_TMP, f"tok-{base}.gguf")
+        run("convert", hf, out, "--type", "f32", "-q")
+        golden = [json.loads(l) for l in slurp(os.path.join(src, "golden.jsonl")).splitlines()]
+        texts = os.path.join(_TMP, f"tok-{base}.jsonl")
+        with open(texts, "w", encoding="utf-8") as f:
+            for gl in golden:
+                f.write(json.dumps(gl["text"]) + "\n")
+        for flag, key in (((), "ids"), (("--special",), "ids_special")):
+            a = run("tokenize", "-m", hf, "--jsonl", texts, *flag).stdout.splitlines()
+            b = run("tokenize", "-m", out, "--jsonl", texts, *flag).stdout.splitlines()
+            self.assertEqual(len(a), len(golden))
+            self.assertEqual(len(b), len(golden))
+            lossy = 0
+            for gl, x, y in zip(golden, a, b):
+                self.assertEqual(json.loads(x), gl[key])
+                if any(t in gl["text"] for t in self.LOSSY[base]):
+                    lossy += x != y
+                    continue
+                self.assertEqual(y, x, f"{base} {key}: {gl['text']!r}")
+            if not self.LOSSY[base]:
+                self.assertEqual(lossy, 0)
+
+    def test_gpt2(self):
+        self.check("gpt2", 50262)
+
+    def test_llama3(self):
+        self.check("llama3-131k", 131072)
+
+
 if __name__ == "__main__":
     unittest.main()
