@@ -1,0 +1,85 @@
+// The Jinja interpreter's internals, shared by jinja_eval.cpp (statements and
+// expressions) and jinja_builtins.cpp (filters, tests, methods, globals).
+#pragma once
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "text/jinja_ast.h"
+
+namespace dory::jinja {
+
+struct Scope {
+  std::unordered_map<std::string, Value> vars;
+  std::shared_ptr<Scope> parent;
+  const Value* lookup(const std::string& name) const {
+    for (const Scope* s = this; s; s = s->parent.get()) {
+      auto it = s->vars.find(name);
+      if (it != s->vars.end()) return &it->second;
+    }
+    return nullptr;
+  }
+};
+using ScopePtr = std::shared_ptr<Scope>;
+
+struct LoopObj {
+  std::shared_ptr<std::vector<Value>> items;
+  size_t index0 = 0;
+  bool has_changed = false;
+  Value last_changed;
+};
+
+class Interp {
+ public:
+  explicit Interp(const Options& o) : opts(o) {}
+  std::string run(const Template& t, const std::vector<std::pair<std::string, Value>>& globals);
+
+  [[noreturn]] void fail(const std::string& msg) const;
+  [[noreturn]] void fail_undefined(const Value& u) const;
+  void step();
+
+  Value call(const Value& fn, CallArgs& args);
+  Value getattr(const Value& obj, const std::string& name);
+  Value getitem(const Value& obj, const Value& key);
+  Value apply_filter(const std::string& name, const Value& in, CallArgs& args);
+  bool apply_test(const std::string& name, const Value& v, CallArgs& args);
+  // Python's iter(): the items a for loop (or list()) sees.
+  std::vector<Value> iterate(const Value& v);
+  // Python's <, for sort/min/max and the comparison operators.
+  bool less(const Value& a, const Value& b);
+  // Python's binary operators (+ - * / // % ** and Jinja's ~).
+  Value eval_binary(const std::string& op, const Value& a, const Value& b);
+
+  const Options& opts;
+  int line = 0;
+
+ private:
+  enum class Flow { Normal, Break, Continue };
+  Flow exec(const Body& body, const ScopePtr& scope);
+  Flow exec_stmt(const Stmt& s, const ScopePtr& scope);
+  Flow exec_for(const Stmt& s, const ScopePtr& scope);
+  void assign(const Target& t, const Value& v, Scope& scope);
+  Value eval(const Expr& e, const ScopePtr& scope);
+  bool compare(const std::string& op, const Value& a, const Value& b);
+  Value make_macro(const std::shared_ptr<MacroDef>& m, const ScopePtr& closure);
+  std::string render_body(const Body& body, const ScopePtr& scope, Flow* flow = nullptr);
+  void emit(const std::string& s);
+
+  std::string* out_ = nullptr;
+  uint64_t steps_ = 0;
+  int depth_ = 0;
+  // Interpreter frames on the stack (expressions, statements, calls): a bound on
+  // the stack a template can use however its recursion and nesting combine.
+  int frames_ = 0;
+  friend struct FrameGuard;
+  friend struct DepthGuard;
+};
+
+// Builtins (jinja_builtins.cpp).
+Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallArgs& args);
+bool builtin_test(Interp& in, const std::string& name, const Value& v, CallArgs& args);
+// A bound method of a str, dict or list (Python's own methods), or undefined.
+Value builtin_method(Interp& in, const Value& self, const std::string& name);
+void add_builtin_globals(Scope& scope, const Options& opts);
+
+}  // namespace dory::jinja
