@@ -1,0 +1,33 @@
+#include "model_text.h"
+
+#include <cstdio>
+
+namespace dory::cli {
+
+Loaded load_model_and_tokenizer(const RunOpts& run, const std::string& tokenizer_path) {
+  Loaded l;
+  l.model = Model::load(run.model);
+  // Without --tokenizer: the model's directory (tokenizer.json), or for a GGUF model the
+  // tokenizer.ggml.* metadata inside it (Tokenizer::from_path tells them apart).
+  try {
+    l.tok = Tokenizer::from_path(tokenizer_path.empty() ? l.model->path() : tokenizer_path);
+  } catch (const Error& e) {
+    if (!tokenizer_path.empty()) throw;
+    throw Error(std::string(e.what()) + " (give --tokenizer DIR|tokenizer.json)");
+  }
+  const int64_t V = l.model->config().vocab, tv = l.tok->vocab_size();
+  if (tv > V)
+    throw Error("the tokenizer has " + std::to_string(tv) + " tokens but the model's vocabulary is " +
+                std::to_string(V) + ": they do not belong together");
+  return l;
+}
+
+std::string chat_template_source(const Tokenizer& tok) {
+  if (!tok.chat_template().empty()) return tok.chat_template();
+  std::fprintf(stderr, "note: the model has no chat template; using ChatML\n");
+  return "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
+         "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+}
+
+}  // namespace dory::cli
