@@ -1,6 +1,9 @@
 // The tokenizer.json components around the model: normalizers, pre-tokenizers, decoders,
 // each doing what the Hugging Face library's component of the same name does.
+#include <utf8proc.h>
+
 #include <algorithm>
+#include <cstdlib>
 
 #include "dory/error.h"
 #include "text/tokenizer_impl.h"
@@ -308,6 +311,40 @@ struct NormReplace : Normalizer {
   Pattern pattern;
   std::string content;
   void apply(std::string& s) const override { replace_all(s, pattern, content); }
+};
+
+// Unicode normalization forms and lowercasing through utf8proc (Debian's libutf8proc):
+// writing the decomposition and composition tables by hand is not worth it. Input is
+// valid UTF-8 here (encode() replaces invalid bytes first).
+struct NormUnicode : Normalizer {
+  int options = 0;  // UTF8PROC_* flags
+  bool lowercase = false;
+  void apply(std::string& s) const override {
+    if (lowercase) {
+      std::string out;
+      out.reserve(s.size());
+      for (size_t i = 0; i < s.size();) {
+        size_t len = 0;
+        const char32_t c = utf8::decode_at(s, i, &len);
+        utf8proc_uint8_t buf[4];
+        const utf8proc_ssize_t n = utf8proc_encode_char(utf8proc_tolower(static_cast<utf8proc_int32_t>(c)), buf);
+        out.append(reinterpret_cast<const char*>(buf), n);
+        i += len;
+      }
+      s = std::move(out);
+      return;
+    }
+    utf8proc_uint8_t* out = nullptr;
+    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                            static_cast<utf8proc_ssize_t>(s.size()), &out,
+                                            static_cast<utf8proc_option_t>(options));
+    if (n < 0) {  // cannot happen on valid UTF-8; keep the text as it is
+      std::free(out);
+      return;
+    }
+    s.assign(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+    std::free(out);
+  }
 };
 
 struct NormStrip : Normalizer {
@@ -703,8 +740,15 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& wh
     return n;
   }
   if (type == "ByteLevel") return std::make_unique<NormByteLevel>();
-  // NFC/NFKC/Lowercase/BertNormalizer/Precompiled need Unicode tables this engine does not
-  // carry; refusing beats tokenizing differently from the model's own tokenizer.
+  if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD" || type == "Lowercase") {
+    auto n = std::make_unique<NormUnicode>();
+    n->lowercase = type == "Lowercase";
+    n->options = UTF8PROC_STABLE | (type[2] == 'K' ? UTF8PROC_COMPAT : 0) |
+                 (type.back() == 'C' ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE);
+    return n;
+  }
+  // BertNormalizer/Precompiled (SentencePiece's charsmap) are not implemented; refusing
+  // beats tokenizing differently from the model's own tokenizer.
   throw Error(where + ": normalizer " + type + " is not supported");
 }
 
