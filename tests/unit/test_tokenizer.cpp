@@ -381,7 +381,7 @@ TEST(Tokenizer, BadFilesGiveErrors) {
                     {{"type", "Split"}, {"pattern", {{"Regex", "x"}}}, {"behavior", "Sideways"}}),
                "unknown split behavior");
   expect_error(with("/pre_tokenizer", {{"no_type", 1}}), "missing \"type\"");
-  expect_error(with("/normalizer", {{"type", "NFC"}}), "normalizer NFC is not supported");
+  expect_error(with("/normalizer", {{"type", "Precompiled"}}), "normalizer Precompiled is not supported");
   expect_error(with("/decoder", {{"type", "WordPiece"}}), "decoder WordPiece is not supported");
   expect_error(
       with("/post_processor", {{"type", "TemplateProcessing"},
