@@ -66,6 +66,11 @@ int run_bench(const BenchOpts& o) {
     return o.n_gen / seconds_since(t0);
   };
 
+  // The model's weight type: the dtype holding the most elements.
+  std::string wtype;
+  int64_t most = -1;
+  for (const auto& [dt, e] : model->dtype_mix())
+    if (e.second > most) most = e.second, wtype = dt;
   Session probe(model, pool, o.run.session());
   const int loops = probe.loops();
   const uint64_t bytes_tok = model->bytes_per_token(loops);
@@ -76,7 +81,7 @@ int run_bench(const BenchOpts& o) {
     char gb[32] = "-";
     if (gbs) std::snprintf(gb, sizeof gb, "%.2f", m * bytes_tok / 1e9);
     std::printf("| dory %.2fB %s | %s | %.3f B | %d | %s | %d | %s%d | %.2f ± %.2f | %s |\n",
-                model->n_params() / 1e9, model->dtype_mix().rbegin()->first.c_str(),
+                model->n_params() / 1e9, wtype.c_str(),
                 human_bytes(model->file_bytes()).c_str(), model->n_params() / 1e9, loops,
                 kv_mode_name(probe.kv_mode()), threads, kind, n, m, sd, gb);
     std::fflush(stdout);

@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# bench/peer.sh: dory.cpp side by side with llama.cpp (through node-llama-cpp 3.21.1, its
+# prebuilt linux-x64 CPU build) and the machine's memory read bandwidth, on one machine in
+# one run. See bench/README.md.
+#
+#   bench/peer.sh [--types "q8_0 q4_0 q4_k_m"] [--threads 2] [--reps 3] [--pp 512] [--tg 128]
+#                 [--src /tmp/dory4b] [--models DIR] [--gib 2] [--keep] [--skip-llama] [--skip-dory]
+#
+# Makes what is missing (the 4B-shaped random Dory checkpoint, its GGUFs, the llama GGUFs,
+# the npm install under bench/.peer/), reuses what is already there, and at the end deletes
+# the model files this run made, unless --keep. Raw outputs go to bench/.peer/logs/.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+TYPES="q8_0 q4_0 q4_k_m"; THREADS=2; REPS=3; PP=512; TG=128; SRC=/tmp/dory4b; MODELS=/tmp
+GIB=2; KEEP=0; SKIP_LLAMA=0; SKIP_DORY=0
+NLC_VERSION=3.21.1
+PY=/usr/bin/python3
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --types) TYPES="$2"; shift 2 ;;
+    --threads|-t) THREADS="$2"; shift 2 ;;
+    --reps|-r) REPS="$2"; shift 2 ;;
+    --pp|-p) PP="$2"; shift 2 ;;
+    --tg|-n) TG="$2"; shift 2 ;;
+    --src) SRC="$2"; shift 2 ;;
+    --models) MODELS="$2"; shift 2 ;;
+    --gib) GIB="$2"; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    --skip-llama) SKIP_LLAMA=1; shift ;;
+    --skip-dory) SKIP_DORY=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "peer.sh: unknown option $1" >&2; exit 1 ;;
+  esac
+done
+
+WORK="$ROOT/bench/.peer"        # scratch: npm install, stream binary, driver, logs (git-ignored)
+LOGS="$WORK/logs"
+mkdir -p "$WORK" "$LOGS" "$MODELS"
+MADE=()                         # files/dirs this run created, removed at exit unless --keep
+cleanup() {
+  if [ "$KEEP" = 0 ] && [ ${#MADE[@]} -gt 0 ]; then
+    for f in "${MADE[@]}"; do echo "[peer] removing $f (made by this run; --keep keeps it)"; rm -rf -- "$f"; done
+  fi
+  rm -f "$MODELS"/*.peer.tmp 2>/dev/null || true
+}
+trap cleanup EXIT
+say() { echo "[peer $(date -u +%H:%M:%S)] $*" >&2; }
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+
+say "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; load $(load)"
+
+# ---------------------------------------------------------------- (a) memory read bandwidth
+CC="${CC:-cc}"
+say "compiling bench/stream.c with $CC -O3 -march=native -fopenmp"
+"$CC" -O3 -march=native -fopenmp "$ROOT/bench/stream.c" -o "$WORK/stream"
+say "stream read, $(nproc) threads, $GIB GiB array, best of 10 (load $(load))"
+OMP_NUM_THREADS=$(nproc) OMP_PROC_BIND=spread "$WORK/stream" "$GIB" 10 | tee "$LOGS/stream.txt"
+STREAM_ALL=$(awk '/^STREAM_BEST_GBS/{print $2}' "$LOGS/stream.txt")
+if [ "$THREADS" != "$(nproc)" ]; then
+  OMP_NUM_THREADS=$THREADS "$WORK/stream" "$GIB" 10 | tee "$LOGS/stream_t.txt"
+  STREAM_T=$(awk '/^STREAM_BEST_GBS/{print $2}' "$LOGS/stream_t.txt")
+else
+  STREAM_T=$STREAM_ALL
+fi
+
+# ---------------------------------------------------------------- dory binary and checkpoint
+DORY="$ROOT/build/dory"
+if [ "$SKIP_DORY" = 0 ] && [ ! -x "$DORY" ]; then
+  say "build/dory missing: building"
+  cmake -S "$ROOT" -B "$ROOT/build" -G Ninja >/dev/null && cmake --build "$ROOT/build" --target dory
+fi
+if [ "$SKIP_DORY" = 0 ] && [ ! -f "$SRC/config.json" ]; then
+  say "making the random-weight 4B-shaped Dory checkpoint at $SRC (~8 GB, ~80 s)"
+  MADE+=("$SRC")
+  "$PY" "$ROOT/scripts/make_checkpoint.py" --out "$SRC" --preset 4b
+fi
+
+# ---------------------------------------------------------------- node-llama-cpp
+NPM_DIR="$WORK/npm"
+NODE_OK=0
+if [ "$SKIP_LLAMA" = 0 ]; then
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    say "node/npm not found: llama.cpp column skipped"
+  else
+    mkdir -p "$NPM_DIR"
+    have=$(node -p "try{require('$NPM_DIR/node_modules/node-llama-cpp/package.json').version}catch(e){''}" 2>/dev/null || true)
+    if [ "$have" != "$NLC_VERSION" ]; then
+      say "npm install node-llama-cpp@$NLC_VERSION into $NPM_DIR"
+      [ -f "$NPM_DIR/package.json" ] || echo '{"name":"dory-peer-bench","private":true}' > "$NPM_DIR/package.json"
+      (cd "$NPM_DIR" && npm install --no-audit --no-fund --save-exact "node-llama-cpp@$NLC_VERSION") 2>&1 | tail -5 >&2
+    fi
+    NODE_OK=1
+  fi
+fi
+# the timing driver: a fresh context, pp = one evaluation of PP random ids (batch 512, no
+# sampling), tg = TG single-token decodes each sampled greedily (logits computed, so the
+# output matrix is read every token, as in llama-bench); a short warm-up first
+cat > "$NPM_DIR/peer_bench.mjs" 2>/dev/null <<'EOF' || true
+import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+const [modelPath, P, N, R, T] = [process.argv[2], +process.argv[3], +process.argv[4], +process.argv[5], +process.argv[6]];
+const llama = await getLlama({gpu: false, build: "never", maxThreads: T, logLevel: LlamaLogLevel.warn, progressLogs: false});
+console.error(`node-llama-cpp: gpu=${llama.gpu} build=${llama.buildType} cpuMathCores=${llama.cpuMathCores} bindings ${llama.llamaCppRelease?.release ?? "?"}`);
+let t0 = performance.now();
+const model = await llama.loadModel({modelPath, gpuLayers: 0, useMmap: true});
+try { const fs = await import("fs"); const m = fs.readFileSync("/proc/self/maps", "utf8").match(/libggml-cpu-[\w.-]+\.so/);
+  console.error(`ggml CPU backend: ${m ? m[0] : "?"}`); } catch (e) {}
+console.error(`loaded ${modelPath} in ${((performance.now() - t0) / 1000).toFixed(2)} s; size ${model.size} bytes`);
+let seed = 12345;
+const rnd = () => (seed = (seed * 1103515245 + 12345) % 2147483648) % 131000;
+const ctx = await model.createContext({contextSize: Math.max(1024, P + N + 16), batchSize: 512,
+  threads: {ideal: T, min: T}, sequences: 1, flashAttention: false});
+console.error(`context: size ${ctx.contextSize}, batch ${ctx.batchSize}, threads ${ctx.idealThreads}, flash attention ${ctx.flashAttention}`);
+async function run(p, n) {
+  const seq = ctx.getSequence();
+  const toks = Array.from({length: p}, rnd);
+  let a = performance.now();
+  await seq.evaluateWithoutGeneratingNewTokens(toks);
+  const pp = (performance.now() - a) / 1000;
+  let got = 0;
+  a = performance.now();
+  for await (const tok of seq.evaluate([rnd()], {temperature: 0, yieldEogToken: true})) {
+    if (++got >= n) break;
+  }
+  const tg = (performance.now() - a) / 1000;
+  seq.dispose();
+  return {pp, tg, got};
+}
+await run(16, 4);
+const pps = [], tgs = [];
+for (let r = 0; r < R; r++) {
+  const {pp, tg, got} = await run(P, N);
+  pps.push(P / pp); tgs.push(got / tg);
+  console.error(`  rep ${r + 1}/${R}: pp${P} ${pp.toFixed(2)} s (${(P / pp).toFixed(2)} t/s), tg${N} ${tg.toFixed(2)} s (${(got / tg).toFixed(2)} t/s, ${got} tokens)`);
+}
+const ms = (x) => { const m = x.reduce((s, v) => s + v, 0) / x.length;
+  const sd = x.length > 1 ? Math.sqrt(x.reduce((s, v) => s + (v - m) ** 2, 0) / (x.length - 1)) : 0; return [m, sd]; };
+const [pm, ps] = ms(pps), [tm, ts] = ms(tgs);
+console.log(`RESULT pp ${pm.toFixed(3)} ${ps.toFixed(3)} tg ${tm.toFixed(3)} ${ts.toFixed(3)}`);
+await ctx.dispose(); await model.dispose(); await llama.dispose();
+EOF
+
+# ---------------------------------------------------------------- per type
+declare -A ROW
+for ty in $TYPES; do
+  # (c) dory
+  if [ "$SKIP_DORY" = 0 ]; then
+    df="$MODELS/dory4b-$ty.gguf"
+    if [ ! -f "$df" ]; then
+      say "dory quantize $SRC -> $df ($ty)"
+      MADE+=("$df")
+      "$DORY" quantize "$SRC" "$df" --type "$ty" -q
+    else
+      say "reusing $df"
+    fi
+    say "dory bench $ty: -p $PP -n $TG -r $REPS -t $THREADS (load $(load))"
+    "$DORY" bench -m "$df" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" 2>&1 | tee "$LOGS/dory-$ty.txt" >&2
+    # | model | size | params | loops | kv | threads | test | t/s | GB/s |
+    pp=$(awk -F'|' -v t="pp$PP" '$8 ~ " "t" " {gsub(/ /,"",$9); print $9}' "$LOGS/dory-$ty.txt")
+    tg=$(awk -F'|' -v t="tg$TG" '$8 ~ " "t" " {gsub(/ /,"",$9); print $9}' "$LOGS/dory-$ty.txt")
+    gb=$(awk -F'|' -v t="tg$TG" '$8 ~ " "t" " {gsub(/ /,"",$10); print $10}' "$LOGS/dory-$ty.txt")
+    ROW["dory,$ty"]="$pp|$tg|$gb"
+  fi
+  # (b) llama.cpp
+  case "$ty" in q8_0|q4_0) ;; *) continue ;; esac
+  if [ "$NODE_OK" = 1 ]; then
+    lf="$MODELS/llama4b-$ty.gguf"
+    if [ ! -f "$lf" ]; then
+      say "make_llama_gguf.py $lf ($ty)"
+      MADE+=("$lf")
+      "$PY" "$ROOT/bench/make_llama_gguf.py" "$lf" --type "$ty" >&2
+    else
+      say "reusing $lf"
+    fi
+    bytes=$("$PY" "$ROOT/bench/make_llama_gguf.py" "$lf" --type "$ty" --bytes-only | awk '{print $2}')
+    say "node-llama-cpp $ty: pp$PP tg$TG x$REPS, $THREADS threads (load $(load))"
+    if (cd "$NPM_DIR" && node peer_bench.mjs "$lf" "$PP" "$TG" "$REPS" "$THREADS") > "$LOGS/llama-$ty.txt" 2>&1; then
+      cat "$LOGS/llama-$ty.txt" >&2
+      read -r _ _ ppm pps _ tgm tgs < <(grep '^RESULT' "$LOGS/llama-$ty.txt")
+      gb=$(awk -v b="$bytes" -v t="$tgm" 'BEGIN{printf "%.2f", b*t/1e9}')
+      ROW["llama,$ty"]="$(printf '%.2f±%.2f' "$ppm" "$pps")|$(printf '%.2f±%.2f' "$tgm" "$tgs")|$gb"
+    else
+      cat "$LOGS/llama-$ty.txt" >&2
+      say "node-llama-cpp FAILED on $ty (log above: $LOGS/llama-$ty.txt)"
+      ROW["llama,$ty"]="failed|failed|-"
+    fi
+  fi
+done
+
+# ---------------------------------------------------------------- table
+echo
+echo "memory read bandwidth (bench/stream.c, best of 10): $STREAM_ALL GB/s with $(nproc) threads (all); $STREAM_T GB/s with $THREADS"
+echo "load average at the end: $(load)"
+echo
+echo "| engine | type | threads | pp$PP t/s | tg$TG t/s | tg GB/s | % of read BW ($STREAM_ALL GB/s) |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+for ty in $TYPES; do
+  for eng in dory llama; do
+    v="${ROW[$eng,$ty]:-}"
+    [ -n "$v" ] || continue
+    IFS='|' read -r pp tg gb <<<"$v"
+    pct=$(awk -v g="$gb" -v s="$STREAM_ALL" 'BEGIN{ if (g+0 > 0) printf "%.0f%%", 100*g/s; else print "-" }')
+    name=$([ "$eng" = dory ] && echo "dory.cpp" || echo "llama.cpp (node-llama-cpp $NLC_VERSION)")
+    echo "| $name | $ty | $THREADS | $pp | $tg | $gb | $pct |"
+  done
+done
