@@ -91,6 +91,7 @@ struct ListObj {
 struct DictObj {
   std::vector<std::pair<Value, Value>> items;
   int depth = 1;
+  bool tracked = false;  // a namespace the interpreter clears after rendering
   const Value* find(const Value& key) const;
   const Value* find(const std::string& key) const;
   void set(const Value& key, Value v);  // replaces an equal key's value

@@ -92,6 +92,35 @@ void Interp::step() {
          " loop iterations and calls (a runaway template?)");
 }
 
+void Interp::track(const ScopePtr& scope, const Value& v) {
+  // Only these can lead back to the scope; strings and numbers cannot.
+  if (v.type != Value::Type::Callable && v.type != Value::Type::List &&
+      v.type != Value::Type::Dict && v.type != Value::Type::Namespace)
+    return;
+  tracked_scopes_.push_back(scope);
+  if (tracked_scopes_.size() >= prune_at_) {
+    tracked_scopes_.erase(std::remove_if(tracked_scopes_.begin(), tracked_scopes_.end(),
+                                         [](const auto& w) { return w.expired(); }),
+                          tracked_scopes_.end());
+    prune_at_ = std::max<size_t>(64, 2 * tracked_scopes_.size());
+  }
+}
+
+void Interp::track_namespace(const Value& ns) {
+  if (ns.dict->tracked) return;
+  ns.dict->tracked = true;
+  tracked_dicts_.push_back(ns.dict);
+}
+
+void Interp::break_cycles() {
+  for (auto& w : tracked_dicts_)
+    if (auto d = w.lock()) d->items.clear();
+  for (auto& w : tracked_scopes_)
+    if (auto s = w.lock()) s->vars.clear();
+  tracked_dicts_.clear();
+  tracked_scopes_.clear();
+}
+
 void Interp::emit(const std::string& s) {
   out_->append(s);
   if (out_->size() > opts.limits.max_output)
@@ -110,8 +139,13 @@ std::string Interp::run(const Template& t,
   try {
     exec(t.body, top);
   } catch (const NestingError& e) {
+    break_cycles();
     fail(e.what());  // `line` is where the value was being built
+  } catch (...) {
+    break_cycles();
+    throw;
   }
+  break_cycles();
   return out;
 }
 
@@ -138,9 +172,10 @@ Interp::Flow Interp::exec(const Body& body, const ScopePtr& scope) {
   return Flow::Normal;
 }
 
-void Interp::assign(const Target& t, const Value& v, Scope& scope) {
+void Interp::assign(const Target& t, const Value& v, const ScopePtr& scope) {
   if (!t.tuple) {
-    scope.vars[t.names[0]] = v;
+    scope->vars[t.names[0]] = v;
+    track(scope, v);
     return;
   }
   std::vector<Value> items = iterate(v);
@@ -149,7 +184,10 @@ void Interp::assign(const Target& t, const Value& v, Scope& scope) {
          std::to_string(items.size()) + ")");
   if (items.size() > t.names.size())
     fail("too many values to unpack (expected " + std::to_string(t.names.size()) + ")");
-  for (size_t k = 0; k < items.size(); ++k) scope.vars[t.names[k]] = items[k];
+  for (size_t k = 0; k < items.size(); ++k) {
+    scope->vars[t.names[k]] = items[k];
+    track(scope, items[k]);
+  }
 }
 
 namespace {
@@ -189,8 +227,9 @@ Interp::Flow Interp::exec_stmt(const Stmt& s, const ScopePtr& scope) {
         if (!ns || ns->type != Value::Type::Namespace)
           fail("cannot assign attribute on non-namespace object");
         ns->dict->set(Value::string(s.target.ns_attr), v);
+        track_namespace(*ns);
       } else {
-        assign(s.target, v, *scope);
+        assign(s.target, v, scope);
       }
       break;
     }
@@ -207,11 +246,12 @@ Interp::Flow Interp::exec_stmt(const Stmt& s, const ScopePtr& scope) {
         line = f->line;
         v = apply_filter(f->name, v, a);
       }
-      assign(s.target, v, *scope);
+      assign(s.target, v, scope);
       break;
     }
     case Stmt::Kind::Macro:
       scope->vars[s.macro->name] = make_macro(s.macro, scope);
+      track(scope, scope->vars[s.macro->name]);
       break;
     case Stmt::Kind::CallBlock: {
       const Expr& call = *s.expr;
@@ -264,7 +304,7 @@ Interp::Flow Interp::exec_for(const Stmt& s, const ScopePtr& scope) {
     for (auto& it : items) {
       step();
       auto sc = child(scope);  // the body's predeclared names are not in scope here
-      assign(s.target, it, *sc);
+      assign(s.target, it, sc);
       if (truthy(eval(*s.cond, sc))) kept.push_back(std::move(it));
     }
     items = std::move(kept);
@@ -283,7 +323,7 @@ Interp::Flow Interp::exec_for(const Stmt& s, const ScopePtr& scope) {
     auto sc = frame(scope, s.predeclared);
     sc->vars["loop"] = lv;
     line = s.line;
-    assign(s.target, (*loop->items)[k], *sc);
+    assign(s.target, (*loop->items)[k], sc);
     const Flow f = exec(s.body, sc);
     if (f == Flow::Break) break;
     if (f == Flow::Normal) completed = true;

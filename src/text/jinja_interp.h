@@ -49,6 +49,11 @@ class Interp {
   bool less(const Value& a, const Value& b);
   // Python's binary operators (+ - * / // % ** and Jinja's ~).
   Value eval_binary(const std::string& op, const Value& a, const Value& b);
+  // A macro kept in the scope it closes over, or a namespace holding itself,
+  // makes a reference cycle; the interpreter breaks the cycles it tracked when
+  // a rendering ends, so repeated renderings do not leak.
+  void track(const ScopePtr& scope, const Value& v);
+  void track_namespace(const Value& ns);
 
   const Options& opts;
   int line = 0;
@@ -58,12 +63,17 @@ class Interp {
   Flow exec(const Body& body, const ScopePtr& scope);
   Flow exec_stmt(const Stmt& s, const ScopePtr& scope);
   Flow exec_for(const Stmt& s, const ScopePtr& scope);
-  void assign(const Target& t, const Value& v, Scope& scope);
+  void assign(const Target& t, const Value& v, const ScopePtr& scope);
   Value eval(const Expr& e, const ScopePtr& scope);
   bool compare(const std::string& op, const Value& a, const Value& b);
   Value make_macro(const std::shared_ptr<MacroDef>& m, const ScopePtr& closure);
   std::string render_body(const Body& body, const ScopePtr& scope, Flow* flow = nullptr);
   void emit(const std::string& s);
+
+  void break_cycles();
+  std::vector<std::weak_ptr<Scope>> tracked_scopes_;
+  std::vector<std::weak_ptr<DictObj>> tracked_dicts_;
+  size_t prune_at_ = 64;
 
   std::string* out_ = nullptr;
   uint64_t steps_ = 0;

@@ -278,8 +278,6 @@ class Lexer {
       } else if (c == '\'' || c == '"') {
         lex_string();
       } else {
-        static const char* ops3[] = {nullptr};
-        (void)ops3;
         static const char* ops2[] = {"//", "**", "==", "!=", ">=", "<="};
         std::string op;
         for (const char* o : ops2)
