@@ -116,6 +116,7 @@ std::string repr(const Value& v);    // repr(v)
 std::string float_repr(double d);    // repr(float)
 bool py_equal(const Value& a, const Value& b);
 bool hashable(const Value& v);  // may be a dict key or a set member
+const char* python_type_name(const Value& v);  // type(v).__name__
 // json.dumps(v, ensure_ascii=..., indent=..., separators=..., sort_keys=...); a null
 // indent is compact. Throws std::runtime_error for values JSON cannot hold.
 std::string to_json(const Value& v, const std::string* indent, bool sort_keys, bool ensure_ascii,

@@ -123,33 +123,6 @@ bool is_word_cp(uint32_t c) {
 
 // ------------------------------------------------------------ helpers
 
-const char* tname(const Value& v) {
-  switch (v.type) {
-    case Value::Type::Undefined:
-      return "Undefined";
-    case Value::Type::None:
-      return "NoneType";
-    case Value::Type::Bool:
-      return "bool";
-    case Value::Type::Int:
-      return "int";
-    case Value::Type::Float:
-      return "float";
-    case Value::Type::String:
-      return "str";
-    case Value::Type::List:
-      return v.list->lazy ? "generator" : v.list->tuple ? "tuple" : "list";
-    case Value::Type::Dict:
-      return "dict";
-    case Value::Type::Namespace:
-      return "Namespace";
-    case Value::Type::Callable:
-      return "function";
-    case Value::Type::Loop:
-      return "LoopContext";
-  }
-  return "object";
-}
 
 using Opt = std::optional<Value>;
 
@@ -185,12 +158,12 @@ bool as_int(const Value& v, int64_t& out) {
 int64_t need_int(Interp& in, const Value& v, const char* what) {
   int64_t i;
   if (!as_int(v, i))
-    in.fail(std::string(what) + ": '" + tname(v) + "' object cannot be interpreted as an integer");
+    in.fail(std::string(what) + ": '" + python_type_name(v) + "' object cannot be interpreted as an integer");
   return i;
 }
 
 const std::string& need_str(Interp& in, const Value& v, const char* what) {
-  if (!v.is_string()) in.fail(std::string(what) + " must be str, not " + tname(v));
+  if (!v.is_string()) in.fail(std::string(what) + " must be str, not " + python_type_name(v));
   return v.s;
 }
 
@@ -221,7 +194,7 @@ int64_t py_len(Interp& in, const Value& v) {
     case Value::Type::Loop:
       return static_cast<int64_t>(v.loop->items->size());
     default:
-      in.fail(std::string("object of type '") + tname(v) + "' has no len()");
+      in.fail(std::string("object of type '") + python_type_name(v) + "' has no len()");
   }
 }
 
@@ -488,7 +461,7 @@ Value string_method(Interp&, const std::string& s, const std::string& name) {
       else if (p[0]->is_string())
         cands.push_back(*p[0]);
       else
-        in.fail(name + " first arg must be str or a tuple of str, not " + tname(*p[0]));
+        in.fail(name + " first arg must be str or a tuple of str, not " + python_type_name(*p[0]));
       for (const auto& c : cands) {
         const std::vector<uint32_t> n = to_cps(need_str(in, c, name.c_str()));
         if ((int64_t)n.size() > e - b) continue;
@@ -576,7 +549,7 @@ Value string_method(Interp&, const std::string& s, const std::string& name) {
       size_t k = 0;
       for (const auto& v : in.iterate(*p[0])) {
         if (!v.is_string())
-          in.fail("sequence item " + std::to_string(k) + ": expected str instance, " + tname(v) +
+          in.fail("sequence item " + std::to_string(k) + ": expected str instance, " + python_type_name(v) +
                   " found");
         if (k++) out += s;
         out += v.s;
@@ -827,7 +800,7 @@ std::string format_spec(Interp& in, const Value& v, const std::string& spec) {
       prefix = neg ? "-" : sign == '+' ? "+" : sign == ' ' ? " " : "";
     }
   } else {
-    in.fail(std::string("unsupported format string passed to ") + tname(v) + ".__format__");
+    in.fail(std::string("unsupported format string passed to ") + python_type_name(v) + ".__format__");
   }
   if (align == '=') {
     const int64_t n = static_cast<int64_t>(cp_count(prefix) + cp_count(body));
@@ -991,7 +964,7 @@ Value list_method(const Value& self, const std::string& name) {
                                  "remove", "reverse", "sort",   "clear"};
   for (const char* u : unsafe)
     if (name == u)
-      return Value::undefined("access to attribute '" + name + "' of '" + tname(self) +
+      return Value::undefined("access to attribute '" + name + "' of '" + python_type_name(self) +
                               "' object is unsafe.");
   return Value::undefined();
 }
@@ -1151,7 +1124,7 @@ std::string py_percent_format(Interp& in, const std::string& fmt, const Value& a
       if (v.type == Value::Type::Float && conv != 'c')
         iv = static_cast<int64_t>(v.f);
       else if (!as_int(v, iv))
-        in.fail(std::string("%") + conv + " format: a real number is required, not " + tname(v));
+        in.fail(std::string("%") + conv + " format: a real number is required, not " + python_type_name(v));
       if (conv == 'c') {
         std::string ch;
         append_utf8(ch, static_cast<uint32_t>(iv));
@@ -1162,7 +1135,7 @@ std::string py_percent_format(Interp& in, const std::string& fmt, const Value& a
       std::snprintf(buf, sizeof buf, (spec + "ll" + c2).c_str(), static_cast<long long>(iv));
       out += buf;
     } else if (std::strchr("eEfFgG", conv)) {
-      if (!v.is_number()) in.fail(std::string("must be real number, not ") + tname(v));
+      if (!v.is_number()) in.fail(std::string("must be real number, not ") + python_type_name(v));
       const double d = v.type == Value::Type::Float ? v.f
                        : v.type == Value::Type::Int ? (double)v.i
                                                     : v.b;
@@ -1309,7 +1282,7 @@ bool builtin_test(Interp& in, const std::string& name, const Value& v, CallArgs&
     return false;
   }
   if (name == "filter" || name == "test") {  // `name in environment.filters`
-    if (!hashable(v)) in.fail(std::string("unhashable type: '") + tname(v) + "'");
+    if (!hashable(v)) in.fail(std::string("unhashable type: '") + python_type_name(v) + "'");
     return v.is_string() && (name == "filter" ? has_filter(v.s) : has_test(v.s));
   }
   in.fail("no test named '" + name + "'");
@@ -1559,7 +1532,7 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
     }
     if (v.type == T::Float) return Value::number(std::fabs(v.f));
     if (v.is_undefined()) in.fail_undefined(v);
-    in.fail(std::string("bad operand type for abs(): '") + tname(v) + "'");
+    in.fail(std::string("bad operand type for abs(): '") + python_type_name(v) + "'");
   }
   if (name == "round") {
     auto p = P({"precision", "method"});
@@ -1569,7 +1542,7 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
       in.fail("method must be 'common', 'ceil' or 'floor'");
     if (v.is_undefined()) in.fail_undefined(v);
     if (!v.is_number())
-      in.fail(std::string("type ") + tname(v) + " doesn't define __round__ method");
+      in.fail(std::string("type ") + python_type_name(v) + " doesn't define __round__ method");
     if (method == "common" && v.type != T::Float)
       return Value::integer(v.type == T::Int ? v.i : v.b);
     const double x = v.type == T::Float ? v.f : v.type == T::Int ? (double)v.i : v.b;
@@ -1586,7 +1559,7 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
     Value width = p[0] ? *p[0] : Value::integer(4);
     if (!width.is_string()) width = Value::integer(need_int(in, width, "width"));
     if (v.is_undefined()) in.fail_undefined(v);
-    if (!v.is_string()) in.fail(std::string("indent needs a string, not ") + tname(v));
+    if (!v.is_string()) in.fail(std::string("indent needs a string, not ") + python_type_name(v));
     return Value::string(do_indent(to_str(v), width, p[1] && truthy(*p[1]), p[2] && truthy(*p[2])));
   }
   if (name == "truncate") {
@@ -1599,7 +1572,7 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
       // jinja2 takes len() of anything: a short list or dict comes back as it is.
       const int64_t n = py_len(in, v);
       if (length >= end_len && leeway >= 0 && n <= length + leeway) return v;
-      in.fail(std::string("truncate needs a string, not ") + tname(v));
+      in.fail(std::string("truncate needs a string, not ") + python_type_name(v));
     }
     const std::vector<uint32_t> c = to_cps(v.s);
     if (length < end_len)
@@ -1640,7 +1613,7 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
     if (v.type == T::Namespace || v.type == T::Loop) return in.getattr(v, an);
     Value m = builtin_method(in, v, an);
     if (!(m.is_undefined() && m.s.empty())) return m;
-    return Value::undefined(std::string("'") + tname(v) + " object' has no attribute '" + an + "'");
+    return Value::undefined(std::string("'") + python_type_name(v) + " object' has no attribute '" + an + "'");
   }
   if (name == "batch") {
     auto p = P({"linecount", "fill_with"});
@@ -1688,7 +1661,7 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
     };
     if (name == "unique") {
       for (const auto& x : items)
-        if (!hashable(key(x))) in.fail(std::string("unhashable type: '") + tname(key(x)) + "'");
+        if (!hashable(key(x))) in.fail(std::string("unhashable type: '") + python_type_name(key(x)) + "'");
       std::vector<Value> out, seen;
       for (const auto& x : items) {
         Value k = key(x);

@@ -13,33 +13,6 @@
 namespace dory::jinja {
 
 namespace {
-const char* tname(const Value& v) {
-  switch (v.type) {
-    case Value::Type::Undefined:
-      return "Undefined";
-    case Value::Type::None:
-      return "NoneType";
-    case Value::Type::Bool:
-      return "bool";
-    case Value::Type::Int:
-      return "int";
-    case Value::Type::Float:
-      return "float";
-    case Value::Type::String:
-      return "str";
-    case Value::Type::List:
-      return v.list->lazy ? "generator" : v.list->tuple ? "tuple" : "list";
-    case Value::Type::Dict:
-      return "dict";
-    case Value::Type::Namespace:
-      return "Namespace";
-    case Value::Type::Callable:
-      return "function";
-    case Value::Type::Loop:
-      return "LoopContext";
-  }
-  return "object";
-}
 
 ScopePtr child(const ScopePtr& parent) {
   auto s = std::make_shared<Scope>();
@@ -400,7 +373,7 @@ Value Interp::make_macro(const std::shared_ptr<MacroDef>& m, const ScopePtr& clo
 Value Interp::call(const Value& fn, CallArgs& args) {
   if (fn.type == Value::Type::Callable) return fn.fn->call(*this, args);
   if (fn.is_undefined()) fail_undefined(fn);
-  fail(std::string("'") + tname(fn) + "' object is not callable");
+  fail(std::string("'") + python_type_name(fn) + "' object is not callable");
 }
 
 std::vector<Value> Interp::iterate(const Value& v) {
@@ -431,7 +404,7 @@ std::vector<Value> Interp::iterate(const Value& v) {
     case Value::Type::Loop:
       return *v.loop->items;
     default:
-      fail(std::string("'") + tname(v) + "' object is not iterable");
+      fail(std::string("'") + python_type_name(v) + "' object is not iterable");
   }
 }
 
@@ -510,7 +483,7 @@ Value Interp::getattr(const Value& obj, const std::string& name) {
     default:
       break;
   }
-  return Value::undefined(std::string("'") + tname(obj) + " object' has no attribute '" + name +
+  return Value::undefined(std::string("'") + python_type_name(obj) + " object' has no attribute '" + name +
                           "'");
 }
 
@@ -541,7 +514,7 @@ Value Interp::getitem(const Value& obj, const Value& key) {
           if (i < 0) i += n;
           if (i >= 0 && i < n) return Value::string(from_cps(cps, i, i + 1));
         }
-        return Value::undefined(std::string("'") + tname(obj) + " object' has no element " +
+        return Value::undefined(std::string("'") + python_type_name(obj) + " object' has no element " +
                                 std::to_string(key.type == Value::Type::Int ? key.i : key.b));
       }
       if (key.is_string()) return getattr(obj, key.s);
@@ -554,7 +527,7 @@ Value Interp::getitem(const Value& obj, const Value& key) {
     default:
       break;
   }
-  return Value::undefined(std::string("'") + tname(obj) + " object' has no element " + repr(key));
+  return Value::undefined(std::string("'") + python_type_name(obj) + " object' has no element " + repr(key));
 }
 
 bool Interp::less(const Value& a, const Value& b) {
@@ -585,7 +558,7 @@ bool Interp::less(const Value& a, const Value& b) {
     }
     return x.size() < y.size();
   }
-  fail(std::string("'<' not supported between instances of '") + tname(a) + "' and '" + tname(b) +
+  fail(std::string("'<' not supported between instances of '") + python_type_name(a) + "' and '" + python_type_name(b) +
        "'");
 }
 
@@ -604,7 +577,7 @@ bool Interp::compare(const std::string& op, const Value& a, const Value& b) {
       break;
     case Value::Type::String:
       if (!a.is_string())
-        fail(std::string("'in <string>' requires string as left operand, not ") + tname(a));
+        fail(std::string("'in <string>' requires string as left operand, not ") + python_type_name(a));
       found = b.s.find(a.s) != std::string::npos;
       break;
     case Value::Type::List:
@@ -615,7 +588,7 @@ bool Interp::compare(const std::string& op, const Value& a, const Value& b) {
         }
       break;
     case Value::Type::Dict:
-      if (!hashable(a)) fail(std::string("unhashable type: '") + tname(a) + "'");
+      if (!hashable(a)) fail(std::string("unhashable type: '") + python_type_name(a) + "'");
       found = b.dict->find(a) != nullptr;
       break;
     case Value::Type::Loop:
@@ -623,7 +596,7 @@ bool Interp::compare(const std::string& op, const Value& a, const Value& b) {
         if (py_equal(x, a)) found = true;
       break;
     default:
-      fail(std::string("argument of type '") + tname(b) + "' is not iterable");
+      fail(std::string("argument of type '") + python_type_name(b) + "' is not iterable");
   }
   return op == "in" ? found : !found;
 }
@@ -659,13 +632,13 @@ Value Interp::eval_binary(const std::string& op, const Value& a, const Value& b)
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
   if ((a.is_list() && a.list->lazy) || (b.is_list() && b.list->lazy)) {
-    fail("unsupported operand type(s) for " + op + ": '" + tname(a) + "' and '" + tname(b) + "'");
+    fail("unsupported operand type(s) for " + op + ": '" + python_type_name(a) + "' and '" + python_type_name(b) + "'");
   }
   int64_t x = 0, y = 0;
   const bool ints = as_int(a, x) && as_int(b, y);
   const bool nums = a.is_number() && b.is_number();
   auto bad = [&]() -> Value {
-    fail("unsupported operand type(s) for " + op + ": '" + tname(a) + "' and '" + tname(b) + "'");
+    fail("unsupported operand type(s) for " + op + ": '" + python_type_name(a) + "' and '" + python_type_name(b) + "'");
   };
   auto overflow = [&]() -> Value { fail("integer overflow in '" + op + "'"); };
   if (op == "+") {
@@ -687,7 +660,7 @@ Value Interp::eval_binary(const std::string& op, const Value& a, const Value& b)
       return Value::new_list(std::move(r), a.list->tuple);
     }
     if (a.is_string())
-      fail(std::string("can only concatenate str (not \"") + tname(b) + "\") to str");
+      fail(std::string("can only concatenate str (not \"") + python_type_name(b) + "\") to str");
     return bad();
   }
   if (op == "-") {
@@ -812,7 +785,7 @@ Value Interp::eval(const Expr& e, const ScopePtr& scope) {
         Value val = eval(*e.args[k + 1], scope);
         if (!hashable(key)) {
           line = e.line;
-          fail(std::string("unhashable type: '") + tname(key) + "'");
+          fail(std::string("unhashable type: '") + python_type_name(key) + "'");
         }
         d.dict->set(key, std::move(val));
       }
@@ -840,7 +813,7 @@ Value Interp::eval(const Expr& e, const ScopePtr& scope) {
       // value that cannot be sliced is an error rather than undefined.
       if (obj.is_dict()) fail("unhashable type: 'slice'");
       if ((!obj.is_list() && !obj.is_string()) || (obj.is_list() && obj.list->lazy))
-        fail(std::string("'") + tname(obj) + "' object is not subscriptable");
+        fail(std::string("'") + python_type_name(obj) + "' object is not subscriptable");
       int64_t start = 0, stop = 0, stp = 1;
       bool has_start, has_stop, has_step;
       if (!slice_bounds(parts[0], start, has_start) || !slice_bounds(parts[1], stop, has_stop) ||
@@ -915,7 +888,7 @@ Value Interp::eval(const Expr& e, const ScopePtr& scope) {
         return Value::integer(neg ? -i : i);
       }
       if (v.type == Value::Type::Float) return Value::number(neg ? -v.f : v.f);
-      fail(std::string("bad operand type for unary ") + (neg ? "-" : "+") + ": '" + tname(v) + "'");
+      fail(std::string("bad operand type for unary ") + (neg ? "-" : "+") + ": '" + python_type_name(v) + "'");
     }
     case Expr::Kind::Not:
       return Value::boolean(!truthy(eval(*e.args[0], scope)));

@@ -358,33 +358,6 @@ bool py_equal(const Value& a, const Value& b) {
 
 namespace {
 
-const char* type_name(const Value& v) {
-  switch (v.type) {
-    case Value::Type::Undefined:
-      return "Undefined";
-    case Value::Type::None:
-      return "NoneType";
-    case Value::Type::Bool:
-      return "bool";
-    case Value::Type::Int:
-      return "int";
-    case Value::Type::Float:
-      return "float";
-    case Value::Type::String:
-      return "str";
-    case Value::Type::List:
-      return v.list->lazy ? "generator" : v.list->tuple ? "tuple" : "list";
-    case Value::Type::Dict:
-      return "dict";
-    case Value::Type::Namespace:
-      return "Namespace";
-    case Value::Type::Callable:
-      return "function";
-    case Value::Type::Loop:
-      return "LoopContext";
-  }
-  return "object";
-}
 
 void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
@@ -459,7 +432,7 @@ struct JsonWriter {
         return "null";
       default:
         throw std::runtime_error(std::string("keys must be str, int, float, bool or None, not ") +
-                                 type_name(k));
+                                 python_type_name(k));
     }
   }
 
@@ -527,7 +500,7 @@ struct JsonWriter {
         break;
       }
       default:
-        throw std::runtime_error(std::string("Object of type ") + type_name(v) +
+        throw std::runtime_error(std::string("Object of type ") + python_type_name(v) +
                                  " is not JSON serializable");
     }
     --depth;
@@ -546,6 +519,35 @@ std::string to_json(const Value& v, const std::string* indent, bool sort_keys, b
   w.key_sep = key_sep ? *key_sep : ": ";
   w.write(v);
   return std::move(w.out);
+}
+
+// Python's type(v).__name__, for error messages that read like jinja2's.
+const char* python_type_name(const Value& v) {
+  switch (v.type) {
+    case Value::Type::Undefined:
+      return "Undefined";
+    case Value::Type::None:
+      return "NoneType";
+    case Value::Type::Bool:
+      return "bool";
+    case Value::Type::Int:
+      return "int";
+    case Value::Type::Float:
+      return "float";
+    case Value::Type::String:
+      return "str";
+    case Value::Type::List:
+      return v.list->lazy ? "generator" : v.list->tuple ? "tuple" : "list";
+    case Value::Type::Dict:
+      return "dict";
+    case Value::Type::Namespace:
+      return "Namespace";
+    case Value::Type::Callable:
+      return "function";
+    case Value::Type::Loop:
+      return "LoopContext";
+  }
+  return "object";
 }
 
 }  // namespace dory::jinja
