@@ -43,9 +43,9 @@ int run_chat(const ChatOpts& o) {
   sigaction(SIGINT, &sa, nullptr);
 
   const bool tty = isatty(STDIN_FILENO);
-  nlohmann::json messages = nlohmann::json::array();
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   auto start = [&] {
-    messages = nlohmann::json::array();
+    messages = nlohmann::ordered_json::array();
     if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
   };
   start();
@@ -73,7 +73,7 @@ int run_chat(const ChatOpts& o) {
     }
     if (line.empty()) continue;
     messages.push_back({{"role", "user"}, {"content", line}});
-    nlohmann::json ctx = {{"messages", messages},
+    nlohmann::ordered_json ctx = {{"messages", messages},
                           {"add_generation_prompt", true},
                           {"bos_token", m.tok->bos_token()},
                           {"eos_token", m.tok->eos_token()}};
