@@ -38,7 +38,7 @@ std::pair<double, double> mean_sd(const std::vector<double>& v) {
 
 int run_bench(const BenchOpts& o) {
   const auto t_load = Clock::now();
-  auto model = Model::load(o.run.model);
+  auto model = Model::load(o.run.model_path());
   const double load_s = seconds_since(t_load);
   const DoryConfig& c = model->config();
   const int threads = o.run.n_threads();

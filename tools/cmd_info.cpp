@@ -81,8 +81,8 @@ int run_info(const std::string& path) {
 Runner add_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "print a model's architecture, sizes and dtypes");
   auto path = std::make_shared<std::string>();
-  cmd->add_option("-m,--model", *path, "model directory or file")->required();
-  return [path] { return run_info(*path); };
+  cmd->add_option("-m,--model", *path, kModelHelp);
+  return [path] { return run_info(path->empty() ? default_model_path() : *path); };
 }
 
 static const bool registered = register_command(10, add_info);

@@ -19,7 +19,7 @@ struct LogitsOpts {
 
 int run_logits(const LogitsOpts& o) {
   const std::vector<int32_t> ids = parse_ids(o.ids);
-  auto model = Model::load(o.run.model);
+  auto model = Model::load(o.run.model_path());
   ThreadPool pool(o.run.n_threads());
   Session session(model, pool, o.run.session());
   std::vector<float> logits = session.forward(ids, Logits::All);

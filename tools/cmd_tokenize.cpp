@@ -8,6 +8,7 @@
 #include <string>
 
 #include "commands.h"
+#include "common.h"
 #include "dory/error.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
@@ -33,7 +34,7 @@ std::string ids_line(const std::vector<int32_t>& ids, const char* sep) {
 int run_tokenize(const TokenizeOpts& o) {
   if (o.prompt_set == !o.jsonl.empty())
     throw Error("tokenize: give exactly one of -p TEXT and --jsonl FILE");
-  auto tok = Tokenizer::from_path(o.model);
+  auto tok = Tokenizer::from_path(o.model.empty() ? default_model_path() : o.model);
   const bool parse_special = !o.no_parse_special;
   if (o.prompt_set) {
     if (const size_t bad = utf8::first_invalid(o.prompt); bad != std::string::npos)
@@ -87,7 +88,8 @@ Runner add_tokenize(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("tokenize", "print the token ids of a text (the model's tokenizer.json or GGUF tokenizer)");
   auto o = std::make_shared<TokenizeOpts>();
-  cmd->add_option("-m,--model", o->model, "model directory, tokenizer.json, or .gguf (its tokenizer.ggml.* metadata)")->required();
+  cmd->add_option("-m,--model", o->model, "model directory, tokenizer.json, or .gguf (its tokenizer.ggml.* metadata; "
+                  "default: the built-in model's)");
   auto* p = cmd->add_option("-p,--prompt", o->prompt, "text to tokenize");
   cmd->add_option(
       "--jsonl", o->jsonl,

@@ -2,15 +2,44 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "dory/error.h"
 
 #include "runtime/pool.h"
 
 namespace dory::cli {
 
+const char* const kModelHelp =
+    "model: a Hugging Face directory (config.json + safetensors) or a .gguf file "
+    "(default: the built-in models/dory-mini)";
+
+std::string default_model_path() {
+  namespace fs = std::filesystem;
+  if (const char* env = std::getenv("DORY_MODEL"); env && *env) return env;
+  std::vector<fs::path> tried;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    tried.push_back(exe.parent_path() / ".." / "models" / "dory-mini");
+    tried.push_back(exe.parent_path() / ".." / "share" / "dory" / "models" / "dory-mini");
+  }
+#ifdef DORY_SOURCE_DIR
+  tried.push_back(fs::path(DORY_SOURCE_DIR) / "models" / "dory-mini");
+#endif
+  for (const fs::path& p : tried)
+    if (fs::exists(p / "config.json", ec)) return fs::weakly_canonical(p, ec).string();
+  std::string where;
+  for (const fs::path& p : tried) where += (where.empty() ? "" : ", ") + p.lexically_normal().string();
+  throw Error("no -m given and the built-in model is not at " + where +
+              " (give -m MODEL or set DORY_MODEL)");
+}
+
+std::string RunOpts::model_path() const { return model.empty() ? default_model_path() : model; }
+
 void add_run_opts(CLI::App* app, RunOpts& o) {
-  app->add_option("-m,--model", o.model,
-                  "model: a Hugging Face directory (config.json + safetensors)")
-      ->required();
+  app->add_option("-m,--model", o.model, kModelHelp);
   app->add_option("-t,--threads", o.threads, "threads (default: all cores)")
       ->check(CLI::Range(1, 1024));
   app->add_option("--loops", o.loops, "recurrent passes per token, 1..16 (default: the model's)")

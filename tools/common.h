@@ -13,14 +13,22 @@ namespace dory::cli {
 
 // Options every model-running subcommand shares.
 struct RunOpts {
-  std::string model;
+  std::string model;  // "" = the built-in model (default_model_path())
   int threads = 0;  // 0 = all cores
   int loops = 0;    // 0 = the model's
   std::string kv;   // "" = the model's
   int chunk = 64;
   SessionOptions session() const;
   int n_threads() const;
+  std::string model_path() const;  // model, or the built-in one
 };
+
+// The built-in model, models/dory-mini: $DORY_MODEL if set, else beside the binary
+// (../models/dory-mini from build/, ../share/dory/models/dory-mini when installed), else
+// in the source tree the binary was built from. Throws Error if none is there.
+std::string default_model_path();
+// What -m says in --help.
+extern const char* const kModelHelp;
 void add_run_opts(CLI::App* app, RunOpts& o);
 
 // Sampling and generation flags (dory run, chat, and later the server's defaults).

@@ -1,0 +1,522 @@
+#!/usr/bin/env python3
+"""Trains the built-in Dory model (models/dory-mini) on one NVIDIA GPU.
+
+One command, fixed seed, about 10 minutes on an H200 (tokenizer ~20 s, training, export,
+reference logits, evaluation):
+
+    python3 scripts/train/train.py --data .traindata --out OUT
+
+Needs PyTorch with CUDA, `tokenizers` and numpy (not Debian's python: the GPU machine's).
+The data comes from `scripts/train/prepare_data.py` (run on Debian, where the packages are).
+
+Writes OUT/dory-mini/{config.json, model.safetensors, generation_config.json,
+tokenizer.json, tokenizer_config.json}, OUT/dory-mini-ref.npz (the training code's own
+float64 logits on held-out text for both KV modes and several loop counts and chunk
+schedules: the engine's parity data) and OUT/train_log.json (losses, evaluation).
+
+What it trains (SPEC section 1): input block "S-", recurrent block "S-*-S-*-" run 1-4
+times (a random loop count per step, mostly 2, so one loop is usable for early exit and
+more loops do not fall apart), output block "*-"; hidden 256, 4 query heads and 2 KV
+heads of 64, SwiGLU 768, vocabulary 4096, sliding window 256, context 4096. About 7.2M
+parameters, 14 MB in bf16. A quarter of the training rows are pass-key examples: a
+five-digit key planted at a random depth of 300-4000 tokens of real text and asked for
+at the end, so the full-attention layers learn to carry retrieval.
+"""
+import argparse
+import gzip
+import json
+import math
+import os
+import random
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dory_torch import Cached, Dory  # noqa: E402
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+EOT, IM_START, IM_END = 0, 1, 2
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+CONFIG = {
+    "model_type": "dory",
+    "architectures": ["DoryForCausalLM"],
+    "dory_format_version": 1,
+    "ngpt": True,
+    "fngpt": True,
+    "ngpt_enable_final_norm": False,
+    "attention_output_gate": True,
+    "mlp_hidden_act": "silu",
+    "mlp_bias": False,
+    "attention_bias": False,
+    "initial_state": "input_copy",
+    "input_transform": "residual",
+    "output_transform": "replace",
+    "mixer_type": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attention_head_dim": 64,
+    "head_dim": 64,
+    "vocab_size": 4096,
+    "num_hidden_layers": 12,
+    "hybrid_layer_pattern": "S-" + "S-*-S-*-" + "*-",
+    "n_input_layers": 2,
+    "n_recurrent_layers": 8,
+    "n_output_layers": 2,
+    "n_recurrent_loops": 2,
+    "recurrent_kv_cache_mode": "per_loop",
+    "swa_window_size": 256,
+    "rope_theta": 10000.0,
+    "rope_theta_2": 500000.0,
+    "rope_profile_layers": None,  # filled in: S layers 1, full layers 2
+    "partial_rotary_factor": 1.0,
+    "partial_rotary_factor_2": 1.0,
+    "init_method_std": 0.02,
+    "ngpt_alpha_init": 0.05,
+    "attention_output_gate_logit_scale_init": None,
+    "max_position_embeddings": 4096,
+    "bos_token_id": EOT,
+    "eos_token_id": EOT,
+}
+CONFIG["rope_profile_layers"] = [2 if ch == "*" else 1 for ch in CONFIG["hybrid_layer_pattern"]]
+
+CHAT_PROMPTS = {
+    "fortunes": ["Tell me a fortune.", "Say something wise.", "Tell me something funny.",
+                 "Give me a quote.", "Cheer me up."],
+    "bible": ["Quote a verse from the Bible.", "Read me a verse.", "Say a verse."],
+}
+
+PASSKEY_INTRO = ("There is an important piece of information hidden inside a lot of "
+                 "irrelevant text. Find it and memorize it.\n")
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def read_docs(path):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def train_tokenizer(docs, vocab_size, out_dir):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    # Digits one by one (pass keys and numbers copy digit by digit), then GPT-2 byte level.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  min_frequency=2, show_progress=False)
+    tok.train_from_iterator((d["text"] for d in docs), trainer, length=len(docs))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", pair="<|endoftext|> $A <|endoftext|> $B",
+        special_tokens=[("<|endoftext|>", EOT)])
+    assert [tok.token_to_id(s) for s in SPECIALS] == [EOT, IM_START, IM_END]
+    os.makedirs(out_dir, exist_ok=True)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<|endoftext|>",
+            "eos_token": "<|endoftext|>",
+            "pad_token": "<|endoftext|>",
+            "model_max_length": CONFIG["max_position_embeddings"],
+            "clean_up_tokenization_spaces": False,
+            "chat_template": CHAT_TEMPLATE,
+        }, f, indent=2)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": EOT, "eos_token_id": [EOT, IM_END]}, f, indent=2)
+    return tok
+
+
+def chat_docs(docs, rng):
+    """A few ChatML turns (user asks, assistant answers with a fortune or a verse), so
+    `dory chat` has seen its template."""
+    out = []
+    for d in docs:
+        if d["src"] == "fortunes" and rng.random() < 0.3:
+            answer = d["text"]
+        elif d["src"] == "bible" and rng.random() < 0.5:
+            verses = d["text"].split("\n")[2:]
+            answer = rng.choice(verses)
+        else:
+            continue
+        q = rng.choice(CHAT_PROMPTS[d["src"]])
+        out.append(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{answer}<|im_end|>\n")
+    return out
+
+
+def encode_stream(tok, texts, rng):
+    """One token stream: <|endoftext|> doc <|endoftext|> doc ... in a shuffled order."""
+    texts = list(texts)
+    rng.shuffle(texts)
+    enc = tok.encode_batch(texts, add_special_tokens=False)
+    parts = []
+    for e in enc:
+        parts.append([EOT])
+        parts.append(e.ids)
+    return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+
+
+# ---------------------------------------------------------------------------------------
+# Pass-key examples: token templates whose key digits are rewritten at every use
+
+
+class PassKeys:
+    def __init__(self, tok, stream, rng, n_templates, min_len, max_len):
+        self.digit_ids = [tok.token_to_id(str(d)) for d in range(10)]
+        assert all(i is not None for i in self.digit_ids)
+        ends_nl = np.zeros(tok.get_vocab_size(), dtype=bool)
+        for t, i in tok.get_vocab().items():
+            ends_nl[i] = t.endswith("\u010a")  # ByteLevel's "\n"
+        self.cut = np.nonzero(ends_nl[stream] & (stream != EOT))[0] + 1  # after a "\n"
+        self.stream = stream
+        self.tok = tok
+        # Log-uniform lengths: many short examples (retrieval is learnt there first),
+        # enough long ones to carry it to the whole context.
+        self.templates = [self._template(rng, int(math.exp(rng.uniform(math.log(min_len),
+                                                                        math.log(max_len)))))
+                          for _ in range(n_templates)]
+
+    def pieces(self, key="00000"):
+        enc = lambda s: self.tok.encode(s, add_special_tokens=False).ids  # noqa: E731
+        intro = enc(PASSKEY_INTRO)
+        needle = enc(f"The pass key is {key}. Remember it. {key} is the pass key.\n")
+        question = enc("What is the pass key? The pass key is")
+        answer = enc(f" {key}.\n")
+        return intro, needle, question, answer
+
+    def _filler(self, rng, n):
+        """About n tokens of text from a random place, cut after newlines."""
+        a = self.cut[rng.randrange(len(self.cut) - 1)]
+        j = np.searchsorted(self.cut, a + max(n, 1))
+        if j >= len(self.cut):
+            return self._filler(rng, n)
+        return self.stream[a:self.cut[j]]
+
+    def _template(self, rng, length):
+        intro, needle, question, answer = self.pieces()
+        body = length - len(intro) - len(needle) - len(question) - len(answer)
+        while True:  # fillers end at a newline, so they overshoot a little: draw again
+            depth = rng.random()
+            f1 = self._filler(rng, int(body * depth))
+            f2 = self._filler(rng, body - len(f1))
+            ids = np.concatenate([intro, f1, needle, f2, question, answer]).astype(np.int64)
+            if len(ids) <= length:
+                break
+        digit_set = set(self.digit_ids)
+        # Key positions: the three runs of five digit tokens inside needle and answer.
+        base_n = len(intro) + len(f1)
+        base_a = len(ids) - len(answer)
+        pos = [base_n + i for i, t in enumerate(needle) if t in digit_set]
+        pos += [base_a + i for i, t in enumerate(answer) if t in digit_set]
+        assert len(pos) == 15, pos
+        return ids, np.asarray(pos), base_a  # base_a: where the answer starts
+
+    def sample(self, rng):
+        ids, pos, ans = self.templates[rng.randrange(len(self.templates))]
+        ids = ids.copy()
+        key = [self.digit_ids[rng.randrange(10)] for _ in range(5)]
+        ids[pos] = np.asarray(key * 3)
+        return ids, ans
+
+
+# ---------------------------------------------------------------------------------------
+# Export
+
+
+def write_safetensors(path, tensors):
+    """Minimal safetensors writer (bf16 and f32), header padded to 8 bytes."""
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        if t.dtype == torch.bfloat16:
+            raw = t.view(torch.int16).numpy().tobytes()
+            dt = "BF16"
+        else:
+            raw = t.float().numpy().tobytes()
+            dt = "F32"
+        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def export(model, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    sd = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+    write_safetensors(os.path.join(out_dir, "model.safetensors"), sd)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(CONFIG, f, indent=2)
+    return sd
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluation
+
+
+@torch.no_grad()
+def eval_loss(model, rows, loops):
+    model.eval()
+    tot, n = 0.0, 0
+    for r in rows:
+        x = torch.as_tensor(r[None], device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            lg = model.forward_any(x[:, :-1], loops)
+        loss = F.cross_entropy(lg.float().reshape(-1, lg.shape[-1]), x[:, 1:].reshape(-1),
+                               reduction="sum")
+        tot += float(loss)
+        n += x.shape[1] - 1
+    model.train()
+    return tot / n
+
+
+@torch.no_grad()
+def eval_passkey(model, pk, rng, length, trials, loops):
+    """Greedy 5-digit answers on held-out text: fraction exactly right."""
+    model.eval()
+    ok = 0
+    for _ in range(trials):
+        t = pk._template(rng, length)
+        ids, pos, ans = t
+        key = [pk.digit_ids[rng.randrange(10)] for _ in range(5)]
+        ids = ids.copy()
+        ids[pos] = np.asarray(key * 3)
+        # <|endoftext|> first, as in training rows and as the engine's BOS.
+        prompt = torch.as_tensor(np.concatenate([[EOT], ids[:ans]])[None], device="cuda")
+        want = ids[ans:ans + 6]  # " " then five digits
+        got = []
+        for _ in range(len(want)):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                lg = model.forward_any(prompt, loops)
+            nxt = int(lg[0, -1].argmax())
+            got.append(nxt)
+            prompt = torch.cat([prompt, prompt.new_tensor([[nxt]])], dim=1)
+        ok += got == list(want)
+    model.train()
+    return ok / trials
+
+
+def reference_logits(model_dir_sd, model, val_stream, out_path):
+    """The training code's own float64 forward on the exported (bf16) weights, through
+    the cached inference schedule: the data tests/parity checks the engine against."""
+    ref = Dory(CONFIG).double().eval()
+    ref.load_state_dict({k: v.double() for k, v in model_dir_sd.items()})
+    ids = val_stream[1000:1024].copy()
+    ids[0] = EOT
+    cases = {}
+
+    def run(mode, loops, chunk):
+        c = Cached(ref, mode, len(ids))
+        outs = [c.feed(ids[a:a + chunk], loops) for a in range(0, len(ids), chunk)]
+        return torch.cat(outs).float().numpy()
+
+    for mode, loops, chunk in [("per_loop", 2, 24), ("per_loop", 1, 24), ("per_loop", 4, 24),
+                               ("last_loop", 2, 1), ("last_loop", 2, 8), ("last_loop", 3, 5)]:
+        cases[f"{mode}_loops{loops}_chunk{chunk}"] = run(mode, loops, chunk)
+        log(f"reference {mode} loops={loops} chunk={chunk}")
+    # per_loop does not depend on the chunking: a self-check of the reference itself.
+    d = np.abs(run("per_loop", 2, 5) - cases["per_loop_loops2_chunk24"]).max()
+    assert d < 1e-9, d
+    np.savez(out_path, ids=ids.astype(np.int32), **cases)
+    return cases
+
+
+def self_check(sd, model_dir, val_stream):
+    """Three implementations on the exported weights: the training path (forward(), fp32,
+    blocked sliding window), the cached schedule (float64) and the numpy reference
+    scripts/reference/dory_ref.py (float64, written from the formulas, shares no code)."""
+    ref = Dory(CONFIG).double().eval()
+    ref.load_state_dict({k: v.double() for k, v in sd.items()})
+    ids = val_stream[5000:5000 + 512].copy()
+    c = Cached(ref, "per_loop", len(ids))
+    cached = c.feed(ids, 2).numpy()
+    f32 = Dory(CONFIG).cuda().eval()
+    f32.load_state_dict({k: v.float() for k, v in sd.items()})
+    with torch.no_grad():
+        seq = f32(torch.as_tensor(ids[None], device="cuda"), 2, dtype=torch.float32)
+    d_seq = float(np.abs(seq[0].cpu().numpy() - cached).max())
+    out = {"train_path_vs_cached_f64": d_seq}
+    try:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+        import dory_ref
+        short = ids[:40]
+        for mode, chunk in (("per_loop", None), ("last_loop", 8)):
+            npy = dory_ref.run(model_dir, short.tolist(), loops=2, kv=mode, chunk=chunk)
+            c = Cached(ref, mode, len(short))
+            k = chunk or len(short)
+            mine = torch.cat([c.feed(short[a:a + k], 2) for a in range(0, len(short), k)]).numpy()
+            out[f"cached_vs_numpy_ref_{mode}"] = float(np.abs(mine - npy).max())
+    except ImportError as e:
+        out["numpy_ref"] = f"not run: {e}"
+    log(f"self-check (max |logit difference|): {out}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Train the built-in Dory model on one GPU.")
+    ap.add_argument("--data", required=True, help="folder of prepare_data.py's output")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=1600)
+    ap.add_argument("--batch", type=int, default=16, help="rows of --ctx tokens per step")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--passkey-share", type=float, default=0.4)
+    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--minutes", type=float, default=8.0,
+                    help="stop training (and export) after this long even if steps remain")
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--vocab", type=int, default=4096)
+    args = ap.parse_args()
+    t_start = time.time()
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True
+
+    train_docs = read_docs(os.path.join(args.data, "train.jsonl.gz"))
+    val_docs = read_docs(os.path.join(args.data, "val.jsonl.gz"))
+    log(f"{len(train_docs)} train / {len(val_docs)} val documents")
+    model_dir = os.path.join(args.out, "dory-mini")
+    tok = train_tokenizer(train_docs, args.vocab, model_dir)
+    log(f"tokenizer: {tok.get_vocab_size()} ids")
+    train_stream = encode_stream(tok, [d["text"] for d in train_docs] + chat_docs(train_docs, rng), rng)
+    val_stream = encode_stream(tok, [d["text"] for d in val_docs], random.Random(7))
+    log(f"tokens: train {len(train_stream):,}, val {len(val_stream):,}")
+    pk_train = PassKeys(tok, train_stream, rng, 3000, 300, args.ctx - 8)
+    pk_val = PassKeys(tok, val_stream, random.Random(11), 1, 300, 1000)
+    log(f"pass-key templates ready ({time.time() - t_start:.0f} s)")
+
+    stream_gpu = torch.as_tensor(train_stream, device="cuda")
+    model = Dory(CONFIG).cuda()
+    g = torch.Generator(device="cuda")
+    g.manual_seed(args.seed)
+    model.init_weights(generator=g)
+    model.p_drop = args.dropout
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params:,} parameters")
+
+    mats = [p for p in model.parameters() if p.dim() == 2]
+    vecs = [p for p in model.parameters() if p.dim() == 1]
+    opt = torch.optim.AdamW([{"params": mats, "weight_decay": 0.1},
+                             {"params": vecs, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+
+    def lr_at(step):
+        if step < args.warmup:
+            return args.lr * (step + 1) / args.warmup
+        p = (step - args.warmup) / max(1, args.steps - args.warmup)
+        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
+
+    T, B = args.ctx, args.batch
+    val_rows = [val_stream[i:i + 1025] for i in range(0, len(val_stream) - 1025, 1025)][:48]
+    loop_choices = [1, 2, 2, 2, 2, 3, 3, 4]
+    history, best, result_best = [], (float("inf"), None), None
+    t_train = time.time()
+    step = 0
+    for step in range(args.steps):
+        if time.time() - t_start > args.minutes * 60:
+            log(f"time budget reached at step {step}")
+            break
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(step)
+        starts = torch.randint(0, len(train_stream) - T - 1, (B,), device="cuda")
+        rows = stream_gpu[starts[:, None] + torch.arange(T + 1, device="cuda")[None]]
+        weights = torch.ones(B, T, device="cuda")
+        n_pk = int(round(B * args.passkey_share))
+        for b in range(n_pk):
+            ids, ans = pk_train.sample(rng)
+            ids = torch.as_tensor(ids, device="cuda")
+            L = min(len(ids), T)
+            rows[b, 1:L + 1] = ids[:L]
+            rows[b, 0] = EOT
+            if L + 1 <= T:
+                rows[b, L + 1] = EOT
+            weights[b, ans:ans + 6] = 8.0  # the answer: the part only retrieval predicts
+        loops = rng.choice(loop_choices)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(rows[:, :-1], loops)
+        loss_tok = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
+                                   rows[:, 1:].reshape(-1), reduction="none")
+        loss = (loss_tok * weights.view(-1)).sum() / weights.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 25 == 0:
+            el = time.time() - t_train
+            log(f"step {step} loops {loops} loss {loss.item():.4f} gnorm {gn.item():.2f} "
+                f"lr {lr_at(step):.2e} {(step + 1) * B * T / max(el, 1e-9) / 1e3:.0f}k tok/s")
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            vl = eval_loss(model, val_rows[:16], 2)
+            pk = eval_passkey(model, pk_val, random.Random(step), 1024, 10, 2)
+            # Keep the checkpoint that best trades held-out loss for retrieval (a pass
+            # key found is worth 0.5 nats of loss).
+            score = vl - 0.5 * pk
+            history.append({"step": step + 1, "train_loss": loss.item(), "val_loss": vl,
+                            "passkey_1024": pk})
+            log(f"eval step {step + 1}: val loss {vl:.4f} (ppl {math.exp(vl):.2f}) pass key {pk:.2f}")
+            if score < best[0]:
+                best = (score, {k: v.detach().clone() for k, v in model.state_dict().items()})
+                result_best = step + 1
+    train_s = time.time() - t_train
+    log(f"trained {step + 1} steps in {train_s:.0f} s")
+    if best[1] is not None:
+        model.load_state_dict(best[1])
+    sd = export(model, model_dir)
+    # Evaluate what was exported: bf16 weights.
+    model.load_state_dict({k: v.float() for k, v in sd.items()})
+    result = {"steps": step + 1, "train_seconds": train_s, "params": n_params,
+              "history": history, "kept_step": result_best, "tokens_train": int(len(train_stream)),
+              "tokens_val": int(len(val_stream))}
+    for lp in (1, 2, 4):
+        vl = eval_loss(model, val_rows, lp)
+        result[f"val_ppl_loops{lp}"] = math.exp(vl)
+        log(f"val ppl loops={lp}: {math.exp(vl):.2f}")
+    for length in (1024, 2048, 4000):
+        acc = eval_passkey(model, pk_val, random.Random(length), length, 20, 2)
+        result[f"passkey_{length}"] = acc
+        log(f"pass key at {length} tokens: {acc:.2f}")
+    result["self_check"] = self_check(sd, model_dir, val_stream)
+    reference_logits(sd, model, val_stream, os.path.join(args.out, "dory-mini-ref.npz"))
+    with open(os.path.join(args.out, "train_log.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    log(f"done in {time.time() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
