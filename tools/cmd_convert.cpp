@@ -89,13 +89,35 @@ void convert_rows(const TensorView& src, DType t, int64_t cols, int64_t r0, int6
   }
 }
 
+// A single tensor type by its ggml name (lower case), for the overrides.
+DType parse_tensor_type(const std::string& flag, const std::string& s) {
+  static const std::pair<const char*, DType> kNames[] = {
+      {"f32", DType::F32},   {"f16", DType::F16},   {"bf16", DType::BF16}, {"q8_0", DType::Q8_0},
+      {"q4_0", DType::Q4_0}, {"q4_k", DType::Q4_K}, {"q5_k", DType::Q5_K}, {"q6_k", DType::Q6_K}};
+  for (const auto& [n, t] : kNames)
+    if (s == n) return t;
+  throw Error(flag + " '" + s + "' is not one of f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k");
+}
+
 }  // namespace
+
+void add_tensor_type_overrides(CLI::App* cmd, ConvertOpts& o) {
+  cmd->add_option("--output-type", o.output_type,
+                  "type of output.weight (the LM head), overriding the recipe: "
+                  "f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k");
+  cmd->add_option("--embd-type", o.embd_type,
+                  "type of token_embd.weight, overriding the recipe (same names)");
+}
 
 int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
   const FType* ft = nullptr;
   for (const FType& f : kFTypes)
     if (o.type == f.name) ft = &f;
   if (!ft) throw Error("--type '" + o.type + "' is not one of " + kConvertTypes);
+  // (Plain flags rather than std::optional: GCC 12 warns on optional<enum> here.)
+  const bool has_out = !o.output_type.empty(), has_embd = !o.embd_type.empty();
+  const DType out_type = has_out ? parse_tensor_type("--output-type", o.output_type) : DType::F32;
+  const DType embd_type = has_embd ? parse_tensor_type("--embd-type", o.embd_type) : DType::F32;
   if (require_hf_dir && !is_dir(o.in))
     throw Error(o.in + ": not a directory; dory convert takes a Hugging Face directory "
                        "(use dory quantize for a GGUF input)");
@@ -143,6 +165,8 @@ int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
       if (ft->k_mix && contains(name, "attn_v.weight") && use_more_bits(i_wv, n_wv)) ty = DType::Q6_K;
       if (ft->k_mix && contains(name, "ffn_down.weight") && use_more_bits(i_down, n_down))
         ty = DType::Q6_K;
+      if (name == "output.weight" && has_out) ty = out_type;
+      if (name == "token_embd.weight" && has_embd) ty = embd_type;
       ty = fallback(ty, cols);
     }
     if (contains(name, "attn_v.weight")) ++i_wv;
@@ -215,6 +239,7 @@ Runner add_convert(CLI::App& app) {
   cmd->add_option("--type", o->type, std::string("weight type (default bf16): ") + kConvertTypes);
   cmd->add_option("-t,--threads", o->threads, "threads (default all cores)");
   cmd->add_flag("-q,--quiet", o->quiet, "no per-tensor progress lines");
+  add_tensor_type_overrides(cmd, *o);
   return [o] { return convert_to_gguf(*o, true); };
 }
 

@@ -15,6 +15,7 @@ Runner add_quantize(CLI::App& app) {
   cmd->add_option("--type", o->type, std::string("weight type: ") + kConvertTypes)->required();
   cmd->add_option("-t,--threads", o->threads, "threads (default all cores)");
   cmd->add_flag("-q,--quiet", o->quiet, "no per-tensor progress lines");
+  add_tensor_type_overrides(cmd, *o);
   return [o] { return convert_to_gguf(*o, false); };
 }
 

