@@ -37,7 +37,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from dory_torch import Cached, Dory  # noqa: E402
+from make_checkpoint import FIXED_KEYS  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOT, IM_START, IM_END = 0, 1, 2
@@ -49,21 +51,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 CONFIG = {
-    "model_type": "dory",
-    "architectures": ["DoryForCausalLM"],
-    "dory_format_version": 1,
-    "ngpt": True,
-    "fngpt": True,
-    "ngpt_enable_final_norm": False,
-    "attention_output_gate": True,
-    "mlp_hidden_act": "silu",
-    "mlp_bias": False,
-    "attention_bias": False,
-    "initial_state": "input_copy",
-    "input_transform": "residual",
-    "output_transform": "replace",
-    "mixer_type": None,
-    "tie_word_embeddings": False,
+    **FIXED_KEYS,  # the keys vLLM checks, as every Dory checkpoint has them
     "torch_dtype": "bfloat16",
     "hidden_size": 256,
     "intermediate_size": 768,
