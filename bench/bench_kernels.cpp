@@ -11,14 +11,20 @@
 // "tasks": the product split into 32-row calls as ops.cpp's linear_multi does
 // for one token (the input quantization is shared through the per-thread memo).
 // "newx": a different input every call (the quantization is paid every time).
+// "mm/RxC/Tn": prefill on the MLP shapes through matmat (float input, 16-row
+// calls); "gemm/...": the same through quantize_act + matmat_qa, as
+// linear_multi does. GOP/s = 2 * rows * cols * T per second.
 #include <benchmark/benchmark.h>
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tensor/kernels.h"
@@ -103,6 +109,76 @@ void BM_matmat(benchmark::State& st, const kern::KernelSet* ks, DType t, int64_t
   st.counters["tok/s"] = benchmark::Counter(double(T) * st.iterations(), benchmark::Counter::kIsRate);
 }
 
+// Prefill on the 4B model's MLP shapes (gate/up 7168 x 2560, down 2560 x 7168),
+// through the float-input entry point in 16-row calls (what linear_multi did
+// before the pre-quantized entry point). GOP/s counts 2 ops per multiply-add.
+struct ShapeFx {
+  std::vector<uint8_t> m;
+  std::vector<float> x, y;
+};
+
+ShapeFx& shape_fixture(DType t, int64_t rows, int64_t cols, int64_t T) {
+  static std::map<std::tuple<int, int64_t, int64_t>, ShapeFx> all;
+  ShapeFx& f = all[{static_cast<int>(t), rows, cols}];
+  if (f.m.empty()) {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 0.02f);
+    std::vector<float> row(cols);
+    const uint64_t rb = row_bytes(t, cols);
+    f.m.resize(rows * rb);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (float& v : row) v = nd(rng);
+      quantize_row(t, row.data(), f.m.data() + r * rb, cols);
+    }
+  }
+  if (static_cast<int64_t>(f.x.size()) < T * cols) {
+    std::mt19937 rng(6);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    f.x.resize(T * cols);
+    for (float& v : f.x) v = nd(rng);
+    f.y.resize(T * rows);
+  }
+  return f;
+}
+
+void BM_matmat_shape(benchmark::State& st, const kern::KernelSet* ks, DType t, int64_t rows, int64_t cols,
+                     int64_t T) {
+  ShapeFx& f = shape_fixture(t, rows, cols, T);
+  const kern::Mat w{t, f.m.data(), rows, cols};
+  for (auto _ : st) {
+    for (int64_t r = 0; r < rows; r += 16)
+      ks->matmat(w, f.x.data(), T, cols, f.y.data(), rows, r, std::min(rows, r + 16));
+    benchmark::ClobberMemory();
+  }
+  st.counters["GOP/s"] =
+      benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
+// The same through the pre-quantized entry points, as linear_multi calls them:
+// the input quantized once per product (counted), then 64-row tasks (32 rows
+// at T = 1).
+void BM_gemm_shape(benchmark::State& st, const kern::KernelSet* ks, DType t, int64_t rows, int64_t cols,
+                   int64_t T) {
+  ShapeFx& f = shape_fixture(t, rows, cols, T);
+  const kern::Mat w{t, f.m.data(), rows, cols};
+  const uint64_t bytes = T == 1 ? ks->act_row_bytes(t, cols) : ks->batch_bytes(t, T, cols);
+  auto* xq = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+  for (auto _ : st) {
+    if (T == 1) ks->quantize_act(t, f.x.data(), cols, xq);
+    else ks->quantize_batch(t, f.x.data(), cols, cols, 0, T, xq);
+    const int64_t block = T == 1 ? 32 : 64;
+    for (int64_t r = 0; r < rows; r += block) {
+      const int64_t r1 = std::min(rows, r + block);
+      if (T == 1) ks->matvec_qa(w, xq, f.y.data() + r, r, r1);
+      else ks->matmat_qa(w, xq, T, f.y.data(), rows, r, r1);
+    }
+    benchmark::ClobberMemory();
+  }
+  std::free(xq);
+  st.counters["GOP/s"] =
+      benchmark::Counter(2.0 * rows * cols * T * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
 // The limit: one thread reading 512 MiB with 256-bit loads (sum of int64).
 __attribute__((target("avx2"))) int64_t read_all(const int64_t* p, int64_t n) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
@@ -144,6 +220,18 @@ int reg = [] {
         benchmark::RegisterBenchmark(("matmat" + std::to_string(T) + "/" + n).c_str(), BM_matmat, ks, t, T)
             ->MinTime(0.3)
             ->Unit(benchmark::kMillisecond);
+      if (!dtype_is_quantized(t) && t != DType::BF16) continue;
+      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{7168, 2560}, {2560, 7168}})
+        for (int64_t T : {1, 8, 64}) {
+          const std::string sh = std::to_string(rows) + "x" + std::to_string(cols) + "/T" + std::to_string(T);
+          benchmark::RegisterBenchmark(("mm/" + sh + "/" + n).c_str(), BM_matmat_shape, ks, t, rows, cols, T)
+              ->MinTime(0.3)
+              ->Unit(benchmark::kMillisecond);
+          if (dtype_is_quantized(t))
+            benchmark::RegisterBenchmark(("gemm/" + sh + "/" + n).c_str(), BM_gemm_shape, ks, t, rows, cols, T)
+                ->MinTime(0.3)
+                ->Unit(benchmark::kMillisecond);
+        }
     }
   }
   return 0;

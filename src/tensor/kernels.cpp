@@ -62,6 +62,23 @@ void* alloc64(uint64_t bytes) {
 }
 }  // namespace
 
+}  // namespace detail
+
+AlignedBuf::~AlignedBuf() { std::free(p_); }
+
+uint8_t* AlignedBuf::get(uint64_t bytes) {
+  if (bytes > cap_) {
+    std::free(p_);
+    p_ = nullptr;
+    cap_ = 0;
+    p_ = static_cast<uint8_t*>(detail::alloc64(bytes));
+    cap_ = bytes;
+  }
+  return p_;
+}
+
+namespace detail {
+
 ActScratch& act_scratch(int slot) { return slots.s[slot]; }
 
 void act_reserve(ActScratch& s, uint64_t src_floats, uint64_t buf_bytes) {

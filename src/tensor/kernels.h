@@ -5,12 +5,12 @@
 //
 // Weight types: F32, F16, BF16 (float products) and Q8_0, Q4_0, Q4_K, Q5_K,
 // Q6_K (tensor/quant.h; cols must be whole blocks). The quantized types use
-// integer dot products: each matvec/matmat quantizes its input rows to int8
-// once (blocks of 32 with a float scale for Q8_0/Q4_0, ggml's Q8_K blocks of
-// 256 for the K types; the same bytes on every ISA) and remembers the last
-// input it quantized per thread, so the row blocks of one product, and
-// products that share an input, quantize it once per thread. Large batches
-// dequantize tiles to float instead (kQuantFloatMatmatT below).
+// integer dot products against the input quantized to int8 once (blocks of 32
+// with a float scale for Q8_0/Q4_0, ggml's Q8_K blocks of 256 for the K types;
+// the same values on every ISA). Callers that reuse one input across many
+// calls (linear_multi) quantize it themselves (quantize_act) and call the
+// *_qa entry points; matvec/matmat take floats and remember the last input
+// they quantized per thread, so the row blocks of one product quantize it once.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -43,16 +43,27 @@ struct KernelSet {
   // n elements (whole blocks) of any weight type to float; every set gives the
   // same bits as dequantize_row (tensor/quant.h).
   void (*to_f32)(DType t, const void* src, float* dst, int64_t n);
-};
 
-// Quantized weights, batched: T < kQuantFloatMatmatT input rows go through the
-// integer-dot path row by row (the same results as T matvecs); from this T on,
-// tiles of 4 weight rows x 512 columns are dequantized to float once and reused
-// by the float micro-kernel (no int8 rounding of the input). Measured on Zen 5,
-// one thread, 4096x2560: int8 is 1.3-2.5x faster at T = 4, 1.0-1.35x at T = 16-32,
-// even at T = 64 with AVX-512 (the float path is faster there with AVX2). The
-// scalar set follows the same rule.
-constexpr int64_t kQuantFloatMatmatT = 64;
+  // Quantized weights only. One input row of n floats in this set's quantized
+  // form for weight type t (Q8_0 and Q4_0 share a form, the K types another):
+  // act_row_bytes(t, n) bytes (a multiple of 64) at a 64-byte aligned out.
+  uint64_t (*act_row_bytes)(DType t, int64_t n);
+  void (*quantize_act)(DType t, const float* x, int64_t n, uint8_t* out);
+  // matvec on a quantized input row (the same bits as matvec).
+  void (*matvec_qa)(const Mat& w, const uint8_t* xq, float* y, int64_t r0, int64_t r1);
+  // T input rows in the batch form (the GEMM's arrangement of the same
+  // values): batch_bytes(t, T, n) bytes, 64-byte aligned; quantize_batch
+  // writes rows [t0, t1) (row t at x + t*ldx), so rows can be split over
+  // threads.
+  uint64_t (*batch_bytes)(DType t, int64_t T, int64_t n);
+  void (*quantize_batch)(DType t, const float* x, int64_t ldx, int64_t n, int64_t t0, int64_t t1, uint8_t* out);
+  // Y[t*ldy + r] = W[r] . X[t] on a batch: a register-tiled integer GEMM
+  // whose result for (t, r) does not depend on T, r0/r1 or the row's place in
+  // a tile (matmat gives the same bits for T > 1; T = 1 there is matvec's
+  // computation). Its float sums run in another order than matvec's, so the
+  // two agree to rounding, not to the bit.
+  void (*matmat_qa)(const Mat& w, const uint8_t* xb, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
+};
 
 extern const KernelSet kScalar;
 extern const KernelSet kAvx2;
@@ -66,6 +77,21 @@ std::vector<const KernelSet*> supported();
 // if set.
 const KernelSet& active();
 inline const KernelSet& kernels() { return active(); }
+
+// A growable 64-byte aligned scratch buffer (e.g. a thread's quantized copy
+// of an input); get() does not keep the old contents.
+class AlignedBuf {
+ public:
+  AlignedBuf() = default;
+  AlignedBuf(const AlignedBuf&) = delete;
+  AlignedBuf& operator=(const AlignedBuf&) = delete;
+  ~AlignedBuf();
+  uint8_t* get(uint64_t bytes);
+
+ private:
+  uint8_t* p_ = nullptr;
+  uint64_t cap_ = 0;
+};
 
 namespace detail {
 // Per-thread scratch of the integer-dot kernels (owned by kernels.cpp, so no

@@ -30,13 +30,16 @@ struct Avx2 {
   }
 };
 
-// The u8 x s8 dot step: maddubs + madd (no VNNI), or AVX-VNNI's VEX vpdpbusd.
+// The u8 x s8 dot step: maddubs + madd (no VNNI), or AVX-VNNI's VEX vpdpbusd
+// (and vpdpwssd, the int16 pair step of the GEMM).
 // The latter is written in inline assembly, so this file needs no -mavxvnni
 // and the instruction is only reached through kAvx2Vnni, after the runtime check.
 struct Dp {
   static constexpr bool kVnni = false;
   static constexpr int kSlot = 0;
+  using G = qk::qg::G256<Dp>;
   static __m256i dpbusd(__m256i acc, __m256i, __m256i) { return acc; }  // unused
+  static __m256i dpwssd(__m256i acc, __m256i, __m256i) { return acc; }  // unused
   template <bool Q8>
   static float a32_row(const uint8_t* row, const uint8_t* act, int64_t n) {
     return qk::dot_a32_row<Dp, Q8>(row, act, n);
@@ -49,8 +52,13 @@ struct Dp {
 struct DpVnni {
   static constexpr bool kVnni = true;
   static constexpr int kSlot = 1;
+  using G = qk::qg::G256<DpVnni>;
   static __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
     asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+    return acc;
+  }
+  static __m256i dpwssd(__m256i acc, __m256i u, __m256i s) {
+    asm("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
     return acc;
   }
   template <bool Q8>

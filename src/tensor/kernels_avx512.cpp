@@ -226,12 +226,138 @@ inline float k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   else return k45_row512<K == 5>(row, act, n);
 }
 
+// 512-bit vector ops of the tiled GEMM (kernels_quant_simd.h, qk::qg): panels
+// of 16 weight rows, 8 input rows per tile (8 int32 accumulators + 8 float
+// sums + operands of 32 registers). With VNNI the input's dword is an
+// embedded broadcast ({1to16}) of the dot instruction itself, so a dot step
+// costs one instruction and no shuffle.
+template <bool Vnni>
+struct G512 {
+  static constexpr int L = 16;
+  static constexpr int NT = 8;
+  static constexpr bool kVnni = Vnni;
+  using vi = __m512i;
+  using vf = __m512;
+  static vi zero() { return _mm512_setzero_si512(); }
+  static vf zerof() { return _mm512_setzero_ps(); }
+  static vi load(const void* p) { return _mm512_load_si512(p); }
+  static void store(void* p, vi v) { _mm512_store_si512(p, v); }
+  static vi bcast(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  }
+  static vi set8(char c) { return _mm512_set1_epi8(c); }
+  static vi and_(vi a, vi b) { return _mm512_and_si512(a, b); }
+  static vi or_(vi a, vi b) { return _mm512_or_si512(a, b); }
+  static vi xor_(vi a, vi b) { return _mm512_xor_si512(a, b); }
+  template <int K>
+  static vi srli16(vi v) { return _mm512_srli_epi16(v, K); }
+  template <int K>
+  static vi slli16(vi v) { return _mm512_slli_epi16(v, K); }
+  static vi add(vi a, vi b) { return _mm512_add_epi32(a, b); }
+  static vi mullo(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
+  static vi dot4(vi acc, vi u, const void* p) {
+    if constexpr (Vnni) {
+      asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*static_cast<const int32_t*>(p)));
+      return acc;
+    } else {
+      return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, bcast(p)), _mm512_set1_epi16(1)));
+    }
+  }
+  static vi dot4s(vi acc, vi w, const void* p) {
+    const vi s = bcast(p);
+    const vi sw = _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(w), _mm512_setzero_si512(), s);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w), sw), _mm512_set1_epi16(1)));
+  }
+  static vi dot2w(vi acc, vi w, const void* p) {
+    if constexpr (Vnni) {
+      asm("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*static_cast<const int32_t*>(p)));
+      return acc;
+    } else {
+      return _mm512_add_epi32(acc, _mm512_madd_epi16(w, bcast(p)));
+    }
+  }
+  static vf cvt(vi v) { return _mm512_cvtepi32_ps(v); }
+  static vf mul_b(vf a, const float* p) { return _mm512_mul_ps(a, _mm512_set1_ps(*p)); }
+  static vf fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+  static vf fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
+  static vf cvtph(const uint16_t* h) { return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))); }
+  static vf loadf_al(const float* p) { return _mm512_load_ps(p); }
+  static void storef_al(float* p, vf v) { _mm512_store_ps(p, v); }
+  static vf loadf(const float* p, int n) {
+    return n == L ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
+  }
+  static void storef(float* p, vf v, int n) {
+    if (n == L) _mm512_storeu_ps(p, v);
+    else _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
+  }
+  static vi set32(int32_t v) { return _mm512_set1_epi32(v); }
+  static vi sub32(vi a, vi b) { return _mm512_sub_epi32(a, b); }
+  template <int K>
+  static vi srli32(vi v) { return _mm512_srli_epi32(v, K); }
+  template <int K>
+  static vi slli32(vi v) { return _mm512_slli_epi32(v, K); }
+  template <int K>
+  static vi srai32(vi v) { return _mm512_srai_epi32(v, K); }
+  static vi row_index(int64_t stride) {
+    return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                              _mm512_set1_epi32(static_cast<int>(stride)));
+  }
+  static vi gather(const uint8_t* p, vi idx) { return _mm512_i32gather_epi32(idx, p, 1); }
+  // The halves in the low 16 bits of each lane, to float.
+  static vf half_lo(vi v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+  // 16 rows (stride apart) x 8 dwords at p -> out[g] = dword g of every row:
+  // rows i and i + 8 share a register, then an 8x8 transpose per 256-bit half.
+  static void tr8(const uint8_t* p, int64_t stride, vi* out) {
+    vi r[8], t[8], u[8];
+    for (int i = 0; i < 8; ++i)
+      r[i] = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * stride))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + (i + 8) * stride)), 1);
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+      u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+      u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+      u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    // 128-bit lanes [a0 b0 a2 b2] and [a1 b1 a3 b3] of u[g], u[4 + g].
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int g = 0; g < 4; ++g) {
+      out[g] = _mm512_permutex2var_epi64(u[g], lo, u[4 + g]);
+      out[g + 4] = _mm512_permutex2var_epi64(u[g], hi, u[4 + g]);
+    }
+  }
+  // 16 rows x 4 dwords -> out[0..3]: rows i, i+4, i+8, i+12 share a register,
+  // then a 4x4 transpose per 128-bit lane.
+  static void tr4(const uint8_t* p, int64_t stride, vi* out) {
+    auto ld = [&](int i) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * stride)); };
+    vi z[4];
+    for (int i = 0; i < 4; ++i)
+      z[i] = _mm512_inserti32x4(
+          _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(ld(i)), ld(i + 4), 1), ld(i + 8), 2),
+          ld(i + 12), 3);
+    const vi t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const vi t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    out[0] = _mm512_unpacklo_epi64(t0, t2);
+    out[1] = _mm512_unpackhi_epi64(t0, t2);
+    out[2] = _mm512_unpacklo_epi64(t1, t3);
+    out[3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+};
+
 // The u8 x s8 dot step: maddubs + madd (no VNNI), or AVX512_VNNI's EVEX
 // vpdpbusd, in inline assembly so this file needs no -mavx512vnni; it is only
 // reached through kAvx512Vnni, after the runtime check.
 struct Dp {
   static constexpr bool kVnni = false;
   static constexpr int kSlot = 2;
+  using G = G512<false>;
   static __m256i dpbusd(__m256i acc, __m256i, __m256i) { return acc; }  // unused
   static __m512i dpbusd512(__m512i acc, __m512i, __m512i) { return acc; }  // unused
   template <bool Q8>
@@ -246,6 +372,7 @@ struct Dp {
 struct DpVnni {
   static constexpr bool kVnni = true;
   static constexpr int kSlot = 3;
+  using G = G512<true>;
   static __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
     asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
     return acc;

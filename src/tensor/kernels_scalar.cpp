@@ -1,7 +1,8 @@
 // The reference kernels: plain loops, any x86-64. Every SIMD set is tested
 // against these.
+#include <cstdlib>
 #include <cstring>
-#include <vector>
+#include <new>
 
 #include "tensor/kernels.h"
 #include "tensor/quant.h"
@@ -127,39 +128,64 @@ float row_dot(const Mat& w, int64_t r, const float* x) {
   return s;
 }
 
-// The integer-dot path: x quantized once, then one reference dot per row.
-struct QuantX {
-  std::vector<int8_t> qs;
-  std::vector<float> d;
-  std::vector<quant::block_q8_K> k;
-  void set(DType t, const float* x, int64_t n) {
-    if (t == DType::Q8_0 || t == DType::Q4_0) {
-      qs.resize(n);
-      d.resize(n / 32);
-      quant::quantize_a32(x, n, qs.data(), d.data());
-    } else {
-      k.resize(n / QK_K);
-      quant::quantize_q8K(x, n, k.data());
-    }
-  }
-  float dot(const Mat& w, int64_t r) const {
-    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * row_bytes(w.dtype, w.cols);
-    switch (w.dtype) {
-      case DType::Q8_0: return quant::dot_q8_0(row, qs.data(), d.data(), w.cols / 32);
-      case DType::Q4_0: return quant::dot_q4_0(row, qs.data(), d.data(), w.cols / 32);
-      case DType::Q4_K: return quant::dot_q4_K(row, k.data(), w.cols / QK_K);
-      case DType::Q5_K: return quant::dot_q5_K(row, k.data(), w.cols / QK_K);
-      case DType::Q6_K: return quant::dot_q6_K(row, k.data(), w.cols / QK_K);
-      default: return 0;
-    }
-  }
-};
+// The integer-dot path. The scalar set's quantized input row: A32 (Q8_0,
+// Q4_0) qs[n] then d[n/32]; Q8K (the K types) block_q8_K[n/256].
+bool is_a32(DType t) { return t == DType::Q8_0 || t == DType::Q4_0; }
 
+uint64_t round64(uint64_t b) { return (b + 63) / 64 * 64; }
+
+uint64_t act_row_bytes(DType t, int64_t n) {
+  return is_a32(t) ? round64(round64(n) + n / 32 * 4) : round64(n / QK_K * sizeof(quant::block_q8_K));
+}
+
+void quantize_act(DType t, const float* x, int64_t n, uint8_t* out) {
+  if (is_a32(t))
+    quant::quantize_a32(x, n, reinterpret_cast<int8_t*>(out), reinterpret_cast<float*>(out + round64(n)));
+  else
+    quant::quantize_q8K(x, n, reinterpret_cast<quant::block_q8_K*>(out));
+}
+
+float qdot(const Mat& w, int64_t r, const uint8_t* xq) {
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * row_bytes(w.dtype, w.cols);
+  const auto* qs = reinterpret_cast<const int8_t*>(xq);
+  const auto* d = reinterpret_cast<const float*>(xq + round64(w.cols));
+  const auto* k = reinterpret_cast<const quant::block_q8_K*>(xq);
+  switch (w.dtype) {
+    case DType::Q8_0: return quant::dot_q8_0(row, qs, d, w.cols / 32);
+    case DType::Q4_0: return quant::dot_q4_0(row, qs, d, w.cols / 32);
+    case DType::Q4_K: return quant::dot_q4_K(row, k, w.cols / QK_K);
+    case DType::Q5_K: return quant::dot_q5_K(row, k, w.cols / QK_K);
+    case DType::Q6_K: return quant::dot_q6_K(row, k, w.cols / QK_K);
+    default: return 0;
+  }
+}
+
+void matvec_qa(const Mat& w, const uint8_t* xq, float* y, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) y[r - r0] = qdot(w, r, xq);
+}
+
+// The scalar batch form: T rows of the row form.
+uint64_t batch_bytes(DType t, int64_t T, int64_t n) { return T * act_row_bytes(t, n); }
+
+void quantize_batch(DType t, const float* x, int64_t ldx, int64_t n, int64_t t0, int64_t t1, uint8_t* out) {
+  const uint64_t st = act_row_bytes(t, n);
+  for (int64_t r = t0; r < t1; ++r) quantize_act(t, x + r * ldx, n, out + r * st);
+}
+
+void matmat_qa(const Mat& w, const uint8_t* xb, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const uint64_t st = act_row_bytes(w.dtype, w.cols);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = r0; r < r1; ++r) y[t * ldy + r] = qdot(w, r, xb + t * st);
+}
+
+// The float entry points quantize into a per-thread buffer (no memo: the
+// scalar set is the reference, not a fast path).
 void matvec(const Mat& w, const float* x, float* y, int64_t r0, int64_t r1) {
   if (dtype_is_quantized(w.dtype)) {
-    thread_local QuantX q;
-    q.set(w.dtype, x, w.cols);
-    for (int64_t r = r0; r < r1; ++r) y[r - r0] = q.dot(w, r);
+    thread_local AlignedBuf q;
+    uint8_t* xq = q.get(act_row_bytes(w.dtype, w.cols));
+    quantize_act(w.dtype, x, w.cols, xq);
+    matvec_qa(w, xq, y, r0, r1);
     return;
   }
   for (int64_t r = r0; r < r1; ++r) y[r - r0] = row_dot(w, r, x);
@@ -167,26 +193,11 @@ void matvec(const Mat& w, const float* x, float* y, int64_t r0, int64_t r1) {
 
 void matmat(const Mat& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
             int64_t r0, int64_t r1) {
-  if (dtype_is_quantized(w.dtype) && T >= kQuantFloatMatmatT) {
-    thread_local std::vector<float> row;
-    row.resize(w.cols);
-    const uint64_t rb = row_bytes(w.dtype, w.cols);
-    for (int64_t r = r0; r < r1; ++r) {
-      dequantize_row(w.dtype, static_cast<const uint8_t*>(w.data) + r * rb, row.data(), w.cols);
-      for (int64_t t = 0; t < T; ++t) {
-        float s = 0;
-        for (int64_t c = 0; c < w.cols; ++c) s += row[c] * x[t * ldx + c];
-        y[t * ldy + r] = s;
-      }
-    }
-    return;
-  }
   if (dtype_is_quantized(w.dtype)) {
-    thread_local QuantX q;
-    for (int64_t t = 0; t < T; ++t) {
-      q.set(w.dtype, x + t * ldx, w.cols);
-      for (int64_t r = r0; r < r1; ++r) y[t * ldy + r] = q.dot(w, r);
-    }
+    thread_local AlignedBuf q;
+    uint8_t* xq = q.get(batch_bytes(w.dtype, T, w.cols));
+    quantize_batch(w.dtype, x, ldx, w.cols, 0, T, xq);
+    matmat_qa(w, xq, T, y, ldy, r0, r1);
     return;
   }
   for (int64_t t = 0; t < T; ++t)
@@ -205,7 +216,9 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 
 }  // namespace
 
-const KernelSet kScalar{"scalar", matvec, matmat, dot, axpy, dequantize_row};
+const KernelSet kScalar{"scalar", matvec, matmat, dot, axpy, dequantize_row,
+                        act_row_bytes, quantize_act, matvec_qa,
+                        batch_bytes, quantize_batch, matmat_qa};
 
 }  // namespace kern
 }  // namespace dory

@@ -10,6 +10,8 @@
 #include <random>
 #include <stdexcept>
 
+#include "model/ops.h"
+#include "runtime/pool.h"
 #include "tensor/kernels.h"
 #include "tensor/quant.h"
 
@@ -542,84 +544,89 @@ TEST(QuantKernels, EverySetMatchesScalarOnOddShapes) {
   for (auto* s : sets) std::printf(" %s", s->name);
   std::printf("\n");
   for (const Case& cs : cases) {
-    // T = 5: the integer-dot path; T = kQuantFloatMatmatT: the float path.
-    const int64_t rows = cs.rows, cols = cs.cols, TI = 5, TF = kern::kQuantFloatMatmatT, ldx = cols + 32, ldy = rows + 3;
-    static_assert(5 < kern::kQuantFloatMatmatT);
+    // T = 1: the row-by-row dot products (matvec's); T > 1: the tiled GEMM.
+    const bool long_row = cs.cols > 10000;
+    const std::vector<int64_t> Ts = long_row ? std::vector<int64_t>{1, 5, 9} : std::vector<int64_t>{1, 5, 64};
+    const int64_t rows = cs.rows, cols = cs.cols, TM = Ts.back(), ldx = cols + 32, ldy = rows + 3;
     const uint64_t rb = row_bytes(cs.t, cols);
     const auto wbuf = random_blocks(cs.t, rows * cols / dtype_block_elems(cs.t), rng);
     const kern::Mat w{cs.t, wbuf.data(), rows, cols};
-    std::vector<float> x(TF * ldx);
+    std::vector<float> x(TM * ldx);
     for (float& v : x) v = std::normal_distribution<float>(0.0f, 1.0f)(rng);
     const auto wf = deq(cs.t, wbuf, rows * cols);
     // The float product, and the bounds of the integer path, per (t, r).
-    std::vector<double> fref(TF * rows), fmag(TF * rows);
-    std::vector<Bounds> bnd(TI * rows);
-    for (int64_t t = 0; t < TF; ++t)
+    std::vector<double> fref(TM * rows);
+    std::vector<Bounds> bnd(TM * rows);
+    for (int64_t t = 0; t < TM; ++t)
       for (int64_t r = 0; r < rows; ++r) {
-        double s = 0, m = 0;
-        for (int64_t c = 0; c < cols; ++c) {
-          s += double(wf[r * cols + c]) * x[t * ldx + c];
-          m += std::fabs(double(wf[r * cols + c]) * x[t * ldx + c]);
-        }
+        double s = 0;
+        for (int64_t c = 0; c < cols; ++c) s += double(wf[r * cols + c]) * x[t * ldx + c];
         fref[t * rows + r] = s;
-        fmag[t * rows + r] = m;
-        if (t < TI) bnd[t * rows + r] = bounds(cs.t, wbuf.data() + r * rb, x.data() + t * ldx, cols);
+        bnd[t * rows + r] = bounds(cs.t, wbuf.data() + r * rb, x.data() + t * ldx, cols);
       }
-    std::vector<float> sref(TF * ldy, 0.0f), sref_f(TF * ldy, 0.0f), mvref(rows);
-    kern::kScalar.matmat(w, x.data(), TI, ldx, sref.data(), ldy, 0, rows);
-    kern::kScalar.matmat(w, x.data(), TF, ldx, sref_f.data(), ldy, 0, rows);
+    // The scalar set's results do not depend on T either: one call for all.
+    std::vector<float> sref(TM * ldy, 0.0f), mvref(rows);
+    kern::kScalar.matmat(w, x.data(), TM, ldx, sref.data(), ldy, 0, rows);
     kern::kScalar.matvec(w, x.data(), mvref.data(), 0, rows);
     for (const kern::KernelSet* ks : sets) {
       SCOPED_TRACE(std::string(ks->name) + " " + dtype_name(cs.t) + " " + std::to_string(rows) + "x" +
                    std::to_string(cols));
-      std::vector<float> got(TF * ldy, -1.0f), gotf(TF * ldy, -1.0f), mv(rows);
-      ks->matmat(w, x.data(), TI, ldx, got.data(), ldy, 0, rows);
-      ks->matmat(w, x.data(), TF, ldx, gotf.data(), ldy, 0, rows);
+      std::vector<std::vector<float>> got(Ts.size());
+      std::vector<float> mv(rows);
       ks->matvec(w, x.data(), mv.data(), 0, rows);
-      for (int64_t t = 0; t < TI; ++t)
-        for (int64_t r = 0; r < rows; ++r) {
-          const Bounds& B = bnd[t * rows + r];
-          // Same algorithm as the scalar set: identical integers, float sums in
-          // another order -> 1e-5 of the sum of |terms|.
-          const double tight = 1e-5 * B.mag + 1e-30;
-          ASSERT_NEAR(got[t * ldy + r], sref[t * ldy + r], tight) << "matmat t=" << t << " r=" << r;
-          // Against the float product of the dequantized weights: the int8
-          // rounding of x (see bounds()).
-          ASSERT_NEAR(got[t * ldy + r], fref[t * rows + r], B.loose + tight) << "matmat vs float, t=" << t;
-          if (t == 0) {
-            ASSERT_NEAR(mv[r], mvref[r], tight) << "matvec r=" << r;
-            ASSERT_NEAR(mv[r], fref[r], B.loose + tight) << "matvec vs float r=" << r;
-            // matvec and the integer-path matmat compute the same thing the same way.
-            ASSERT_EQ(mv[r], got[r]) << "matvec vs matmat r=" << r;
+      for (size_t k = 0; k < Ts.size(); ++k) {
+        got[k].assign(TM * ldy, -1.0f);
+        ks->matmat(w, x.data(), Ts[k], ldx, got[k].data(), ldy, 0, rows);
+      }
+      for (size_t k = 0; k < Ts.size(); ++k) {
+        const int64_t T = Ts[k];
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t r = 0; r < rows; ++r) {
+            const Bounds& B = bnd[t * rows + r];
+            const float g = got[k][t * ldy + r];
+            // Same integers as the scalar set, float sums in another order ->
+            // 1e-5 of the sum of |terms|.
+            const double tight = 1e-5 * B.mag + 1e-30;
+            ASSERT_NEAR(g, sref[t * ldy + r], tight) << "matmat T=" << T << " t=" << t << " r=" << r;
+            // Against the float product of the dequantized weights: the int8
+            // rounding of x (see bounds()).
+            ASSERT_NEAR(g, fref[t * rows + r], B.loose + tight) << "matmat vs float, T=" << T << " t=" << t;
+            if (t == 0) {
+              if (T == 1) {
+                // T = 1 is matvec's computation, bit for bit.
+                ASSERT_EQ(mv[r], g) << "matvec vs matmat r=" << r;
+              } else {
+                // The GEMM sums in another order than matvec.
+                ASSERT_NEAR(mv[r], g, tight) << "matvec vs matmat T=" << T << " r=" << r;
+              }
+            }
+            // The GEMM's result for (t, r) does not depend on T.
+            if (T > 1 && k + 1 < Ts.size()) {
+              ASSERT_EQ(g, got.back()[t * ldy + r]) << "T=" << T << " t=" << t;
+            }
           }
-        }
-      // The float path: the same dequantized floats (to_f32 is bit-exact) in
-      // float sums of another order -> 1e-5 of the sum of |w x|, against the
-      // scalar set and against the exact product alike.
-      for (int64_t t = 0; t < TF; ++t)
-        for (int64_t r = 0; r < rows; ++r) {
-          const double tol = 1e-5 * fmag[t * rows + r] + 1e-30;
-          ASSERT_NEAR(gotf[t * ldy + r], sref_f[t * ldy + r], tol) << "float-path matmat t=" << t << " r=" << r;
-          ASSERT_NEAR(gotf[t * ldy + r], fref[t * rows + r], tol) << "float-path matmat vs exact t=" << t;
-        }
-      for (int64_t t = 0; t < TF; ++t)
-        for (int64_t r = rows; r < ldy; ++r) {
-          ASSERT_EQ(gotf[t * ldy + r], -1.0f) << "wrote outside its rows";
-          if (t < TI) ASSERT_EQ(got[t * ldy + r], -1.0f) << "wrote outside its rows";
-        }
-      // A row range that does not start at 0 writes only its own rows.
+        for (int64_t t = 0; t < TM; ++t)
+          for (int64_t r = (t < T ? rows : 0); r < ldy; ++r)
+            ASSERT_EQ(got[k][t * ldy + r], -1.0f) << "wrote outside its rows/inputs, T=" << T;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const Bounds& B = bnd[r];
+        ASSERT_NEAR(mv[r], mvref[r], 1e-5 * B.mag + 1e-30) << "matvec r=" << r;
+        ASSERT_NEAR(mv[r], fref[r], B.loose + 1e-5 * B.mag + 1e-30) << "matvec vs float r=" << r;
+      }
+      // A row range that does not start at 0 writes only its own rows, the same bits.
       if (rows > 2) {
         std::vector<float> part(rows - 1, -7.0f);
         ks->matvec(w, x.data(), part.data(), 1, rows - 1);
         for (int64_t r = 1; r < rows - 1; ++r) ASSERT_EQ(part[r - 1], mv[r]);
         ASSERT_EQ(part[rows - 2], -7.0f);
-        for (int64_t T : {TI, TF}) {
+        for (size_t k = 0; k < Ts.size(); ++k) {
+          const int64_t T = Ts[k];
           std::vector<float> y2(T * ldy, -7.0f);
-          const std::vector<float>& full = T == TI ? got : gotf;
           ks->matmat(w, x.data(), T, ldx, y2.data(), ldy, 1, rows - 1);
           for (int64_t t = 0; t < T; ++t) {
             ASSERT_EQ(y2[t * ldy], -7.0f);
-            for (int64_t r = 1; r < rows - 1; ++r) ASSERT_EQ(y2[t * ldy + r], full[t * ldy + r]) << "T=" << T;
+            for (int64_t r = 1; r < rows - 1; ++r) ASSERT_EQ(y2[t * ldy + r], got[k][t * ldy + r]) << "T=" << T;
             ASSERT_EQ(y2[t * ldy + rows - 1], -7.0f);
           }
         }
@@ -629,8 +636,8 @@ TEST(QuantKernels, EverySetMatchesScalarOnOddShapes) {
 }
 
 TEST(QuantKernels, EverySetDequantizesBitExactly) {
-  // to_f32 of every set gives dequantize_row's bits (the float path of matmat
-  // relies on it), for random blocks and for the float types' every half.
+  // to_f32 of every set gives dequantize_row's bits, for random blocks and for
+  // the float types' every half.
   std::mt19937 rng(41);
   for (const kern::KernelSet* ks : kern::supported()) {
     for (DType t : kQuant) {
@@ -650,7 +657,9 @@ TEST(QuantKernels, EverySetDequantizesBitExactly) {
       ks->to_f32(t, all.data(), got.data(), 65536);
       dequantize_row(t, all.data(), ref.data(), 65536);
       for (int i = 0; i < 65536; ++i)
-        if (!std::isnan(ref[i])) ASSERT_EQ(std::memcmp(&got[i], &ref[i], 4), 0) << ks->name << " " << dtype_name(t) << " " << i;
+        if (!std::isnan(ref[i])) {
+          ASSERT_EQ(std::memcmp(&got[i], &ref[i], 4), 0) << ks->name << " " << dtype_name(t) << " " << i;
+        }
     }
   }
 }
@@ -720,6 +729,146 @@ TEST(QuantKernels, ChangedInputInTheSameBufferIsRequantized) {
         const Bounds B = bounds(other, wb2.data() + r * row_bytes(other, cols), x.data(), cols);
         ASSERT_NEAR(c1[r], c2[r], 1e-5 * B.mag) << ks->name << " " << dtype_name(other);
       }
+    }
+  }
+}
+
+TEST(QuantKernels, TiledGemmEveryTAndTail) {
+  // The batched path of every set against the scalar reference, on T values
+  // around the tile sizes (the tiles are 8 inputs with AVX-512, 4 with AVX2,
+  // then 4/2/1 for the rest), weight rows around the panels (16 rows with
+  // AVX-512, 8 with AVX2), and columns around the 512-column packed chunk.
+  // Also: the pre-quantized entry points give the float ones' bits, and
+  // results do not depend on T or the row range.
+  std::mt19937 rng(53);
+  const std::vector<int64_t> Ts = {1, 2, 3, 4, 5, 7, 8, 9, 16, 63, 64, 65, 130};
+  const int64_t TM = 130;
+  for (DType ty : kQuant) {
+    const int be = dtype_block_elems(ty);
+    const std::vector<int64_t> colss =
+        be == 32 ? std::vector<int64_t>{32, 96, 512, 544, 1056} : std::vector<int64_t>{256, 768, 1280};
+    for (int64_t cols : colss) {
+      for (int64_t rows : {1, 2, 7, 8, 9, 15, 16, 17, 33, 47}) {
+        const int64_t ldx = cols + 5, ldy = rows + 2;
+        const uint64_t rb = row_bytes(ty, cols);
+        const auto wbuf = random_blocks(ty, rows * cols / be, rng);
+        const kern::Mat w{ty, wbuf.data(), rows, cols};
+        const auto x = gaussian(TM * ldx, rng);
+        // Tolerance per (t, r): 1e-5 of the sum of |w| (|x| + activation step).
+        std::vector<float> wmag(rows * cols);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            element(ty, wbuf.data() + r * rb + (c / be) * dtype_block_bytes(ty), static_cast<int>(c % be),
+                    &wmag[r * cols + c]);
+        const int ab = be == 32 ? 32 : 256;
+        std::vector<double> tol(TM * rows);
+        for (int64_t t = 0; t < TM; ++t) {
+          std::vector<float> step(cols);
+          for (int64_t a0 = 0; a0 < cols; a0 += ab) {
+            float amax = 0;
+            for (int i = 0; i < ab; ++i) amax = std::fmax(amax, std::fabs(x[t * ldx + a0 + i]));
+            for (int i = 0; i < ab; ++i) step[a0 + i] = amax / 127.0f;
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            double m = 0;
+            for (int64_t c = 0; c < cols; ++c) m += wmag[r * cols + c] * (std::fabs(x[t * ldx + c]) + step[c]);
+            tol[t * rows + r] = 1e-5 * m + 1e-30;
+          }
+        }
+        std::vector<float> ref(TM * ldy);
+        kern::kScalar.matmat(w, x.data(), TM, ldx, ref.data(), ldy, 0, rows);
+        for (const kern::KernelSet* ks : kern::supported()) {
+          SCOPED_TRACE(std::string(ks->name) + " " + dtype_name(ty) + " " + std::to_string(rows) + "x" +
+                       std::to_string(cols));
+          // The pre-quantized batch form, as linear_multi makes it (rows in two calls).
+          const uint64_t bytes = ks->batch_bytes(ty, TM, cols);
+          ASSERT_EQ(bytes % 64, 0u);
+          uint8_t* xb = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+          ks->quantize_batch(ty, x.data(), ldx, cols, 0, 77, xb);
+          ks->quantize_batch(ty, x.data(), ldx, cols, 77, TM, xb);
+          std::vector<float> full(TM * ldy, -1.0f);
+          ks->matmat_qa(w, xb, TM, full.data(), ldy, 0, rows);
+          for (int64_t T : Ts) {
+            std::vector<float> y(T * ldy, -1.0f), yq(T * ldy, -1.0f);
+            ks->matmat(w, x.data(), T, ldx, y.data(), ldy, 0, rows);
+            ks->matmat_qa(w, xb, T, yq.data(), ldy, 0, rows);
+            for (int64_t t = 0; t < T; ++t) {
+              for (int64_t r = 0; r < rows; ++r) {
+                const float g = y[t * ldy + r];
+                ASSERT_NEAR(g, ref[t * ldy + r], tol[t * rows + r]) << "T=" << T << " t=" << t << " r=" << r;
+                ASSERT_NEAR(yq[t * ldy + r], ref[t * ldy + r], tol[t * rows + r]) << "qa T=" << T << " t=" << t;
+                // The GEMM's result for (t, r) depends on neither T nor the
+                // entry point (matmat at T = 1 is matvec's computation).
+                ASSERT_EQ(yq[t * ldy + r], full[t * ldy + r]) << "depends on T: T=" << T << " t=" << t << " r=" << r;
+                if (T > 1) {
+                  ASSERT_EQ(g, yq[t * ldy + r]) << "float vs pre-quantized entry, T=" << T << " t=" << t;
+                }
+              }
+              for (int64_t r = rows; r < ldy; ++r) {
+                ASSERT_EQ(y[t * ldy + r], -1.0f) << "wrote past its rows";
+                ASSERT_EQ(yq[t * ldy + r], -1.0f) << "wrote past its rows";
+              }
+            }
+          }
+          // The row form.
+          uint8_t* xq = static_cast<uint8_t*>(std::aligned_alloc(64, ks->act_row_bytes(ty, cols)));
+          ks->quantize_act(ty, x.data(), cols, xq);
+          // matvec_qa is matvec, bit for bit.
+          std::vector<float> mv(rows), mvq(rows);
+          ks->matvec(w, x.data(), mv.data(), 0, rows);
+          ks->matvec_qa(w, xq, mvq.data(), 0, rows);
+          for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(mv[r], mvq[r]) << "matvec_qa r=" << r;
+          // A row range starting inside a panel: the same bits for its rows only.
+          if (rows > 4) {
+            const int64_t r0 = 3, r1 = rows - 1, T = 11;
+            std::vector<float> y(T * ldy, -7.0f);
+            ks->matmat_qa(w, xb, T, y.data(), ldy, r0, r1);
+            for (int64_t t = 0; t < T; ++t)
+              for (int64_t r = 0; r < ldy; ++r) {
+                if (r >= r0 && r < r1) ASSERT_EQ(y[t * ldy + r], full[t * ldy + r]) << "range t=" << t << " r=" << r;
+                else ASSERT_EQ(y[t * ldy + r], -7.0f) << "range wrote row " << r;
+              }
+          }
+          std::free(xq);
+          std::free(xb);
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantKernels, LinearMultiQuantizesOnceAndMatchesTheKernels) {
+  // ops.cpp quantizes the input itself (per form: Q8_0/Q4_0, K types) and
+  // splits rows over the pool; the results are the kernels' own bits.
+  std::mt19937 rng(61);
+  const int64_t cols = 768;  // whole blocks of every type
+  ThreadPool pool(3);
+  const kern::KernelSet& k = kern::kernels();
+  std::vector<std::vector<uint8_t>> bufs;
+  std::vector<kern::Mat> mats;
+  const DType types[] = {DType::Q8_0, DType::Q4_K, DType::Q4_0, DType::BF16, DType::Q6_K};
+  const int64_t rows_of[] = {37, 64, 5, 19, 130};
+  for (int i = 0; i < 5; ++i) {
+    const auto wf = gaussian(rows_of[i] * cols, rng, 0.05f);
+    bufs.emplace_back(rows_of[i] * row_bytes(types[i], cols));
+    quantize_row(types[i], wf.data(), bufs.back().data(), rows_of[i] * cols);
+  }
+  for (int i = 0; i < 5; ++i) mats.push_back(kern::Mat{types[i], bufs[i].data(), rows_of[i], cols});
+  for (int64_t T : {1, 2, 37, 64}) {
+    const auto x = gaussian(T * cols, rng);
+    std::vector<std::vector<float>> ys(5);
+    std::vector<LinearOut> outs;
+    for (int i = 0; i < 5; ++i) {
+      ys[i].assign(T * rows_of[i], -1.0f);
+      outs.push_back({&mats[i], ys[i].data()});
+    }
+    linear_multi(pool, x.data(), T, outs);
+    for (int i = 0; i < 5; ++i) {
+      std::vector<float> ref(T * rows_of[i]);
+      if (T == 1) k.matvec(mats[i], x.data(), ref.data(), 0, rows_of[i]);
+      else k.matmat(mats[i], x.data(), T, cols, ref.data(), rows_of[i], 0, rows_of[i]);
+      for (int64_t j = 0; j < T * rows_of[i]; ++j)
+        ASSERT_EQ(ys[i][j], ref[j]) << k.name << " " << dtype_name(types[i]) << " T=" << T << " j=" << j;
     }
   }
 }
