@@ -124,7 +124,11 @@ DoryConfig parse_hf_config_text(const std::string& text, const std::string& wher
     for (const auto& e : p) {
       if (!e.is_number_integer())
         throw r.err("rope_profile_layers", "must hold integers, found " + e.dump());
-      c.rope_profile.push_back(e.get<int>());
+      // Checked as int64 before narrowing, so 4294967297 is not taken for 1.
+      const int64_t p64 = e.get<int64_t>();
+      if (p64 != 1 && p64 != 2)
+        throw r.err("rope_profile_layers", "holds " + e.dump() + " (allowed: 1, 2)");
+      c.rope_profile.push_back(static_cast<int>(p64));
     }
   } else if (c.n_layer > 0 && c.n_layer < (1 << 20)) {
     c.rope_profile.assign(c.n_layer, 1);

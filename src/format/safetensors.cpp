@@ -12,19 +12,30 @@ namespace {
 constexpr uint64_t kMaxHeader = 100ull << 20;  // the format's own limit is 100 MB
 }
 
-SafeTensorsFile::SafeTensorsFile(const std::string& path) : map_(path) {
-  const uint64_t size = map_.size();
+SafeTensorsFile::SafeTensorsFile(const std::string& path)
+    : map_(std::make_unique<MappedFile>(path)), name_(path) {
+  parse(map_->data(), map_->size());
+}
+
+SafeTensorsFile::SafeTensorsFile(const uint8_t* data, uint64_t size, const std::string& name)
+    : name_(name) {
+  parse(data, size);
+}
+
+void SafeTensorsFile::parse(const uint8_t* bytes, uint64_t size) {
+  size_ = size;
+  const std::string& path = name_;
   if (size < 8) throw Error(path + ": truncated safetensors file (" + std::to_string(size) +
                             " bytes, no header length)");
   uint64_t hlen = 0;
-  for (int i = 7; i >= 0; --i) hlen = (hlen << 8) | map_.data()[i];
+  for (int i = 7; i >= 0; --i) hlen = (hlen << 8) | bytes[i];
   if (hlen > kMaxHeader)
     throw Error(path + ": safetensors header length " + std::to_string(hlen) +
                 " is larger than the 100 MB limit (not a safetensors file?)");
   if (hlen > size - 8)
     throw Error(path + ": truncated safetensors file: header says " + std::to_string(hlen) +
                 " header bytes, file has " + std::to_string(size - 8) + " after the length");
-  const char* hbeg = reinterpret_cast<const char*>(map_.data() + 8);
+  const char* hbeg = reinterpret_cast<const char*>(bytes + 8);
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(hbeg, hbeg + hlen);
@@ -34,7 +45,7 @@ SafeTensorsFile::SafeTensorsFile(const std::string& path) : map_(path) {
   if (!header.is_object()) throw Error(path + ": safetensors header is not a JSON object");
 
   const uint64_t data_size = size - 8 - hlen;
-  const uint8_t* data = map_.data() + 8 + hlen;
+  const uint8_t* data = bytes + 8 + hlen;
   struct Range {
     uint64_t b, e;
     const std::string* name;

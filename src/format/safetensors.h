@@ -14,12 +14,18 @@ namespace dory {
 class SafeTensorsFile {
  public:
   explicit SafeTensorsFile(const std::string& path);  // throws Error
+  // Parses bytes already in memory (the caller keeps them alive); `name` is
+  // what errors call the file. For tests and fuzzing: the same checks as above.
+  SafeTensorsFile(const uint8_t* data, uint64_t size, const std::string& name);
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
-  const std::string& path() const { return map_.path(); }
-  uint64_t size() const { return map_.size(); }
+  const std::string& path() const { return name_; }
+  uint64_t size() const { return size_; }
 
  private:
-  MappedFile map_;
+  void parse(const uint8_t* data, uint64_t size);
+  std::unique_ptr<MappedFile> map_;  // null when parsing a caller's buffer
+  std::string name_;
+  uint64_t size_ = 0;
   std::map<std::string, TensorView> tensors_;
 };
 

@@ -64,8 +64,11 @@ void DoryConfig::validate(const std::string& where) const {
       fail("rope_profile_layers", "holds " + std::to_string(p) + " (allowed: 1, 2)");
   for (auto [key, f] : {std::pair{"partial_rotary_factor", partial_rotary},
                         std::pair{"partial_rotary_factor_2", partial_rotary_2}}) {
+    // The range check comes first: converting an out-of-range double to int64 is UB.
+    if (!(f > 0 && f <= 1))
+      fail(key, "is " + std::to_string(f) + ", expected a fraction in (0, 1]");
     int64_t r = static_cast<int64_t>(head_dim * f);
-    if (!(f > 0 && f <= 1) || r <= 0 || r % 2)
+    if (r <= 0 || r % 2)
       fail(key, "gives " + std::to_string(r) + " rotary dims; they must be positive, even and "
                 "at most head_dim");
   }

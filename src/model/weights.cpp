@@ -218,9 +218,14 @@ std::unique_ptr<Weights> load_hf_weights(const std::string& path, std::string* r
 
 
 std::unique_ptr<Weights> load_gguf_weights(const std::string& path) {
+  return load_gguf_weights(std::make_unique<gguf::File>(path));
+}
+
+std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file) {
   auto w = std::make_unique<Weights>();
-  w->gguf = std::make_unique<gguf::File>(path);
+  w->gguf = std::move(file);
   const gguf::File& f = *w->gguf;
+  const std::string& path = f.path();
   w->cfg = config_from_gguf(f);
   DoryConfig& c = w->cfg;
   // llama.cpp always writes dory.gate_init (sqrt(H) when config.json has null):

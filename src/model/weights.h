@@ -46,6 +46,8 @@ std::unique_ptr<Weights> load_hf_weights(const std::string& path, std::string* r
 // present, shaped right, nothing unexpected); matrices may be any weight type,
 // 1-D tensors F32/F16/BF16.
 std::unique_ptr<Weights> load_gguf_weights(const std::string& path);
+// The same for a parsed file (one read from memory: tests and fuzzing).
+std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file);
 
 // Either of the above, by what path is.
 std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved);

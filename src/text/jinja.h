@@ -118,9 +118,11 @@ bool py_equal(const Value& a, const Value& b);
 bool hashable(const Value& v);  // may be a dict key or a set member
 const char* python_type_name(const Value& v);  // type(v).__name__
 // json.dumps(v, ensure_ascii=..., indent=..., separators=..., sort_keys=...); a null
-// indent is compact. Throws std::runtime_error for values JSON cannot hold.
+// indent is compact. Throws std::runtime_error for values JSON cannot hold, and as soon as
+// the text passes max_bytes (an indent or separator times many items can be huge).
 std::string to_json(const Value& v, const std::string* indent, bool sort_keys, bool ensure_ascii,
-                    const std::string* item_sep, const std::string* key_sep);
+                    const std::string* item_sep, const std::string* key_sep,
+                    size_t max_bytes = SIZE_MAX);
 
 // C strftime with Python's behaviour for long results (no 512-byte cut).
 std::string format_time(const std::string& fmt, const struct tm& tm);
@@ -129,7 +131,10 @@ struct Template;  // the parsed form, opaque
 
 // Limits that keep a runaway template from taking the process down.
 struct Limits {
-  size_t max_output = 64u << 20;   // bytes of rendered text
+  // Bytes of rendered text. A rendering may also build at most 16 times this in strings
+  // all told (concatenations, repeats, filter and call results), so that a loop of big
+  // concatenations ends in seconds, not hours.
+  size_t max_output = 64u << 20;
   int max_depth = 200;             // nested macro calls / block nesting
   uint64_t max_steps = 5'000'000;  // loop iterations + macro calls
 };

@@ -325,8 +325,10 @@ std::vector<std::string> splitlines(const std::string& s, bool keepends) {
   return out;
 }
 
-std::string py_replace(const std::string& s, const std::string& old, const std::string& rep,
-                       int64_t count) {
+// Checks the output limit as it grows: a long replacement at every character of a long
+// string is far past the limit long before it is done.
+std::string py_replace(const Interp& in, const std::string& s, const std::string& old,
+                       const std::string& rep, int64_t count) {
   std::string out;
   if (old.empty()) {
     // Python inserts the replacement around every character.
@@ -335,6 +337,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
       if (count < 0 || done < count) {
         out += rep;
         ++done;
+        in.check_size(static_cast<int64_t>(out.size()));
       }
       if (i == s.size()) break;
       const size_t b = i;
@@ -350,6 +353,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
     if (e == std::string::npos) break;
     out.append(s, b, e - b);
     out += rep;
+    in.check_size(static_cast<int64_t>(out.size()));
     b = e + old.size();
     ++done;
   }
@@ -388,6 +392,9 @@ int64_t cp_find(const std::vector<uint32_t>& h, const std::vector<uint32_t>& n, 
   }
   return -1;
 }
+
+// Whether a double converts to int64 without undefined behaviour (false for NaN).
+bool fits_int64(double d) { return d >= -9223372036854775808.0 && d < 9223372036854775808.0; }
 
 std::string pad(const std::string& s, int64_t width, const std::string& fill, char how) {
   const int64_t n = static_cast<int64_t>(cp_count(s));
@@ -511,7 +518,7 @@ Value string_method(Interp&, const std::string& s, const std::string& name) {
       auto p = bind_args(in, a, "replace", {"old", "new", "count"});
       if (!p[0] || !p[1]) in.fail("replace() takes at least 2 arguments");
       const int64_t count = p[2] ? need_int(in, *p[2], "count") : -1;
-      return Value::string(py_replace(s, need_str(in, *p[0], "replace() argument 1"),
+      return Value::string(py_replace(in, s, need_str(in, *p[0], "replace() argument 1"),
                                       need_str(in, *p[1], "replace() argument 2"), count));
     });
   }
@@ -569,7 +576,9 @@ Value string_method(Interp&, const std::string& s, const std::string& name) {
         fill = need_str(in, *p[1], "fillchar");
         if (cp_count(fill) != 1) in.fail("The fill character must be exactly one character long");
       }
-      return Value::string(pad(s, need_int(in, *p[0], "width"), fill, how));
+      const int64_t width = need_int(in, *p[0], "width");
+      in.check_size(width);
+      return Value::string(pad(s, width, fill, how));
     });
   }
   if (name == "zfill") {
@@ -577,6 +586,7 @@ Value string_method(Interp&, const std::string& s, const std::string& name) {
       auto p = bind_args(in, a, "zfill", {"width"});
       if (!p[0]) in.fail("zfill() takes exactly one argument");
       const int64_t w = need_int(in, *p[0], "width");
+      in.check_size(w);
       const int64_t n = static_cast<int64_t>(cp_count(s));
       if (w <= n) return Value::string(s);
       std::string body = s, sign;
@@ -817,6 +827,7 @@ std::string str_format(Interp& in, const std::string& fmt, const CallArgs& a) {
   std::string out;
   size_t auto_idx = 0;
   for (size_t i = 0; i < fmt.size(); ++i) {
+    in.check_size(static_cast<int64_t>(out.size()));  // '{0}{0}...' of a long argument
     const char c = fmt[i];
     if (c == '}') {
       if (i + 1 < fmt.size() && fmt[i + 1] == '}') {
@@ -1059,6 +1070,17 @@ double py_round(double x, int64_t nd) {
 
 }  // namespace
 
+// snprintf into a string of the size it needs (a fixed buffer cut "%600d" at 511 bytes).
+template <class T>
+std::string c_format(const char* f, T v) {
+  const int n = std::snprintf(nullptr, 0, f, v);
+  if (n <= 0) return std::string();
+  std::string out(static_cast<size_t>(n) + 1, '\0');
+  std::snprintf(out.data(), out.size(), f, v);
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
 std::string py_percent_format(Interp& in, const std::string& fmt, const Value& args) {
   std::vector<Value> items;
   const bool mapping = args.is_dict();
@@ -1069,6 +1091,7 @@ std::string py_percent_format(Interp& in, const std::string& fmt, const Value& a
   size_t next = 0;
   std::string out;
   for (size_t i = 0; i < fmt.size(); ++i) {
+    in.check_size(static_cast<int64_t>(out.size()));  // '%(a)s%(a)s...' of a long value
     if (fmt[i] != '%') {
       out += fmt[i];
       continue;
@@ -1087,14 +1110,25 @@ std::string py_percent_format(Interp& in, const std::string& fmt, const Value& a
       i = e + 1;
     }
     std::string spec = "%";
-    while (i < fmt.size() && std::strchr("-+ 0#", fmt[i])) spec += fmt[i++];
-    while (i < fmt.size() && std::isdigit((unsigned char)fmt[i])) spec += fmt[i++];
+    // (fmt[i] != 0: strchr would match the terminator.) Width and precision are read as
+    // numbers too, so that a result past the output limit is refused before snprintf.
+    int64_t width_n = 0, prec_n = 0;
+    auto digits = [&](int64_t& n) {
+      while (i < fmt.size() && std::isdigit((unsigned char)fmt[i])) {
+        n = n > INT64_MAX / 10 - 9 ? INT64_MAX / 10 : n * 10 + (fmt[i] - '0');
+        spec += fmt[i++];
+      }
+    };
+    while (i < fmt.size() && fmt[i] && std::strchr("-+ 0#", fmt[i])) spec += fmt[i++];
+    digits(width_n);
     if (i < fmt.size() && fmt[i] == '.') {
       spec += fmt[i++];
-      while (i < fmt.size() && std::isdigit((unsigned char)fmt[i])) spec += fmt[i++];
+      digits(prec_n);
     }
     if (i >= fmt.size()) in.fail("incomplete format");
     const char conv = fmt[i];
+    if (conv == 0) in.fail("unsupported format character '\\x0'");
+    in.check_size(width_n);
     if (conv == '%') {
       out += '%';
       continue;
@@ -1103,10 +1137,8 @@ std::string py_percent_format(Interp& in, const std::string& fmt, const Value& a
       if (next >= items.size()) in.fail("not enough arguments for format string");
       v = items[next++];
     }
-    char buf[512];
     if (conv == 's' || conv == 'r' || conv == 'a') {
       const std::string s = conv == 's' ? to_str(v) : repr(v);
-      std::snprintf(buf, sizeof buf, (spec + "s").c_str(), "");
       // width/precision apply to code points; apply by hand
       std::string body = s;
       size_t dot = spec.find('.');
@@ -1121,9 +1153,11 @@ std::string py_percent_format(Interp& in, const std::string& fmt, const Value& a
       out += pad(body, width, " ", left ? '<' : '>');
     } else if (std::strchr("diuxXoc", conv)) {
       int64_t iv;
-      if (v.type == Value::Type::Float && conv != 'c')
+      if (v.type == Value::Type::Float && conv != 'c') {
+        if (std::isnan(v.f)) in.fail("cannot convert float NaN to integer");
+        if (!fits_int64(v.f)) in.fail("integer overflow in %" + std::string(1, conv));
         iv = static_cast<int64_t>(v.f);
-      else if (!as_int(v, iv))
+      } else if (!as_int(v, iv))
         in.fail(std::string("%") + conv + " format: a real number is required, not " + python_type_name(v));
       if (conv == 'c') {
         std::string ch;
@@ -1132,15 +1166,15 @@ std::string py_percent_format(Interp& in, const std::string& fmt, const Value& a
         continue;
       }
       const char c2 = conv == 'i' || conv == 'u' ? 'd' : conv;
-      std::snprintf(buf, sizeof buf, (spec + "ll" + c2).c_str(), static_cast<long long>(iv));
-      out += buf;
+      in.check_size(prec_n);
+      out += c_format((spec + "ll" + c2).c_str(), static_cast<long long>(iv));
     } else if (std::strchr("eEfFgG", conv)) {
       if (!v.is_number()) in.fail(std::string("must be real number, not ") + python_type_name(v));
       const double d = v.type == Value::Type::Float ? v.f
                        : v.type == Value::Type::Int ? (double)v.i
                                                     : v.b;
-      std::snprintf(buf, sizeof buf, (spec + conv).c_str(), d);
-      out += buf;
+      in.check_size(prec_n);
+      out += c_format((spec + conv).c_str(), d);
     } else {
       in.fail(std::string("unsupported format character '") + conv + "'");
     }
@@ -1411,7 +1445,7 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
     auto p = P({"old", "new", "count"});
     if (!p[0] || !p[1]) in.fail("replace filter needs old and new");
     const int64_t count = p[2] && !p[2]->is_none() ? need_int(in, *p[2], "count") : -1;
-    return Value::string(py_replace(to_str(v), to_str(*p[0]), to_str(*p[1]), count));
+    return Value::string(py_replace(in, to_str(v), to_str(*p[0]), to_str(*p[1]), count));
   }
   if (name == "e" || name == "escape" || name == "forceescape") {
     P({});
@@ -1426,8 +1460,11 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
     if (p[1] && !p[1]->is_none()) {
       if (p[1]->is_string())
         indent = p[1]->s;
-      else
-        indent = std::string(std::max<int64_t>(0, need_int(in, *p[1], "indent")), ' ');
+      else {
+        const int64_t n = need_int(in, *p[1], "indent");
+        in.check_size(n);
+        indent = std::string(std::max<int64_t>(0, n), ' ');
+      }
       ip = &indent;
     }
     std::string item_sep, key_sep;
@@ -1442,7 +1479,8 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
       ksp = &key_sep;
     }
     try {
-      return Value::string(to_json(v, ip, p[3] && truthy(*p[3]), p[0] && truthy(*p[0]), isp, ksp));
+      return Value::string(to_json(v, ip, p[3] && truthy(*p[3]), p[0] && truthy(*p[0]), isp, ksp,
+                                   in.opts.limits.max_output));
     } catch (const std::runtime_error& e) {
       if (v.is_undefined()) in.fail_undefined(v);
       in.fail(std::string("tojson: ") + e.what());
@@ -1502,13 +1540,16 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
     if (v.is_string()) {
       if (parse_py_int(v.s, base, i)) return Value::integer(i);
       double d;
-      if (parse_py_float(v.s, d) && std::isfinite(d))
+      if (parse_py_float(v.s, d) && std::isfinite(d)) {
+        if (!fits_int64(d)) in.fail("integer overflow in int");  // Python's int is unbounded
         return Value::integer(static_cast<int64_t>(d));
+      }
       return dflt;
     }
     if (as_int(v, i)) return Value::integer(i);
     if (v.type == T::Float) {
       if (!std::isfinite(v.f)) in.fail("cannot convert float infinity or NaN to integer");
+      if (!fits_int64(v.f)) in.fail("integer overflow in int");  // Python's int is unbounded
       return Value::integer(static_cast<int64_t>(v.f));
     }
     return dflt;
@@ -1552,7 +1593,9 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
   }
   if (name == "center") {
     auto p = P({"width"});
-    return Value::string(pad(to_str(v), p[0] ? need_int(in, *p[0], "width") : 80, " ", '^'));
+    const int64_t width = p[0] ? need_int(in, *p[0], "width") : 80;
+    in.check_size(width);
+    return Value::string(pad(to_str(v), width, " ", '^'));
   }
   if (name == "indent") {
     auto p = P({"width", "first", "blank"});
@@ -1560,6 +1603,11 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
     if (!width.is_string()) width = Value::integer(need_int(in, width, "width"));
     if (v.is_undefined()) in.fail_undefined(v);
     if (!v.is_string()) in.fail(std::string("indent needs a string, not ") + python_type_name(v));
+    {  // every line gets the indent: refuse a result past the limit before building it
+      const int64_t ind = width.is_string() ? static_cast<int64_t>(width.s.size()) : width.i;
+      const int64_t lines = 1 + std::count(v.s.begin(), v.s.end(), '\n');
+      if (ind > 0) in.check_size(lines > INT64_MAX / ind ? INT64_MAX : ind * lines);
+    }
     return Value::string(do_indent(to_str(v), width, p[1] && truthy(*p[1]), p[2] && truthy(*p[2])));
   }
   if (name == "truncate") {
@@ -1620,6 +1668,8 @@ Value builtin_filter(Interp& in, const std::string& name, const Value& v, CallAr
     if (!p[0]) in.fail("batch filter needs a line count");
     const int64_t n = need_int(in, *p[0], "linecount");
     if (n <= 0) in.fail("batch linecount must be positive");
+    if (p[1] && !p[1]->is_none() && static_cast<uint64_t>(n) > kMaxItems)
+      in.fail("a list grows too long");  // the last batch is filled up to n items
     std::vector<Value> out, cur;
     for (const auto& x : in.iterate(v)) {
       cur.push_back(x);
@@ -1803,8 +1853,11 @@ void add_builtin_globals(Scope& scope, const Options& opts) {
     if (n > 100000)
       in.fail("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     std::vector<Value> out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+    // Stops where the next value would leave int64 (it would be past stop anyway).
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
       out.push_back(Value::integer(i));
+      if (__builtin_add_overflow(i, step, &i)) break;
+    }
     return list_of(std::move(out));
   });
   auto fill = [](Interp& in, CallArgs& a, Value& d, const char* fname) {

@@ -27,7 +27,6 @@ ScopePtr frame(const ScopePtr& parent, const std::vector<std::string>& predeclar
   return s;
 }
 
-constexpr size_t kMaxItems = 10'000'000;  // elements of one list built by a template
 }  // namespace
 
 struct DepthGuard {
@@ -53,6 +52,18 @@ struct FrameGuard {
 
 void Interp::fail(const std::string& msg) const {
   throw Error("chat template line " + std::to_string(line) + ": " + one_line(msg));
+}
+
+void Interp::check_size(int64_t n) const {
+  if (n > 0 && static_cast<uint64_t>(n) > opts.limits.max_output)
+    fail("a string exceeds the output limit");
+}
+
+void Interp::count_built(size_t n) {
+  built_ += n;
+  if (built_ / 16 > opts.limits.max_output)
+    fail("the template built more than " + std::to_string(16 * uint64_t(opts.limits.max_output)) +
+         " bytes of strings (a runaway template?)");
 }
 
 void Interp::fail_undefined(const Value& u) const {
@@ -371,7 +382,11 @@ Value Interp::make_macro(const std::shared_ptr<MacroDef>& m, const ScopePtr& clo
 }
 
 Value Interp::call(const Value& fn, CallArgs& args) {
-  if (fn.type == Value::Type::Callable) return fn.fn->call(*this, args);
+  if (fn.type == Value::Type::Callable) {
+    Value r = fn.fn->call(*this, args);
+    if (r.is_string()) count_built(r.s.size());
+    return r;
+  }
   if (fn.is_undefined()) fail_undefined(fn);
   fail(std::string("'") + python_type_name(fn) + "' object is not callable");
 }
@@ -624,6 +639,7 @@ Value Interp::eval_binary(const std::string& op, const Value& a, const Value& b)
   if (op == "~") {
     std::string s = to_str(a) + to_str(b);
     if (s.size() > opts.limits.max_output) fail("a string exceeds the output limit");
+    count_built(s.size());
     return Value::string(std::move(s));
   }
   // str % args: an undefined args is like any other object there (jinja2's Undefined
@@ -651,6 +667,7 @@ Value Interp::eval_binary(const std::string& op, const Value& a, const Value& b)
     if (a.is_string() && b.is_string()) {
       if (a.s.size() + b.s.size() > opts.limits.max_output)
         fail("a string exceeds the output limit");
+      count_built(a.s.size() + b.s.size());
       return Value::string(a.s + b.s);
     }
     if (a.is_list() && b.is_list() && a.list->tuple == b.list->tuple) {
@@ -690,6 +707,7 @@ Value Interp::eval_binary(const std::string& op, const Value& a, const Value& b)
     if (seq->is_string()) {
       if (times && seq->s.size() > opts.limits.max_output / times)
         fail("a string exceeds the output limit");
+      count_built(seq->s.size() * static_cast<uint64_t>(times));
       std::string r;
       for (int64_t k = 0; k < times; ++k) r += seq->s;
       return Value::string(std::move(r));
@@ -952,6 +970,7 @@ Value Interp::apply_filter(const std::string& name, const Value& in, CallArgs& a
   r = builtin_filter(*this, name, in, args);
   if (r.is_string() && r.s.size() > opts.limits.max_output)
     fail("a string exceeds the output limit");
+  if (r.is_string()) count_built(r.s.size());
   return r;
 }
 

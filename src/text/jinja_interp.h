@@ -9,6 +9,8 @@
 
 namespace dory::jinja {
 
+constexpr size_t kMaxItems = 10'000'000;  // elements of one list built by a template
+
 struct Scope {
   std::unordered_map<std::string, Value> vars;
   std::shared_ptr<Scope> parent;
@@ -36,6 +38,11 @@ class Interp {
 
   [[noreturn]] void fail(const std::string& msg) const;
   [[noreturn]] void fail_undefined(const Value& u) const;
+  // Fails when a string about to be built from a template's number (a pad width, an indent,
+  // a repeat) would pass the output limit: checking the result comes too late for 2^31.
+  void check_size(int64_t n) const;
+  // Counts a string just built toward the rendering's total (Limits::max_output).
+  void count_built(size_t n);
   void step();
 
   Value call(const Value& fn, CallArgs& args);
@@ -77,6 +84,7 @@ class Interp {
 
   std::string* out_ = nullptr;
   uint64_t steps_ = 0;
+  uint64_t built_ = 0;  // bytes of strings built so far
   int depth_ = 0;
   // Interpreter frames on the stack (expressions, statements, calls): a bound on
   // the stack a template can use however its recursion and nesting combine.

@@ -1128,6 +1128,11 @@ class Parser {
     if (keys.size() == 1) {
       e->args.push_back(std::move(keys[0]));
     } else {  // x[a, b] is x[(a, b)], and x[] is x[()]
+      // A slice has no meaning in the tuple (its object slot would stay empty); jinja2 turns
+      // x[:, 1] into Python that does not compile and reports a syntax error too.
+      for (const auto& k : keys)
+        if (k->kind == Expr::Kind::Slice)
+          fail_at(tk.line, "invalid syntax: a slice inside a subscript tuple (x[a:b, c])");
       auto t = make(Expr::Kind::List, tk.line);
       t->flag = true;
       t->args = std::move(keys);

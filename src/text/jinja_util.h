@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "dory/error.h"
+
 namespace dory::jinja {
 
 inline bool py_isspace_ascii(char c) {
@@ -132,27 +134,7 @@ inline std::string py_rstrip(const std::string& s) {
   return py_strip(s, nullptr, false, true);
 }
 
-// An error message is one line: control characters are written as escapes.
-inline std::string one_line(const std::string& msg) {
-  std::string out;
-  for (unsigned char c : msg) {
-    if (c == '\n')
-      out += "\\n";
-    else if (c == '\r')
-      out += "\\r";
-    else if (c == '\t')
-      out += "\\t";
-    else if (c < 0x20 || c == 0x7f) {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
+// An error message is one line: dory::one_line (dory/error.h), which dory::Error applies.
 
 bool has_filter(const std::string& name);
 bool has_test(const std::string& name);

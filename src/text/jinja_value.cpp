@@ -412,10 +412,17 @@ struct JsonWriter {
   std::string item_sep, key_sep;
   std::string out;
   int depth = 0;
+  size_t max_bytes = SIZE_MAX;
 
+  void check_size() const {
+    if (out.size() > max_bytes) throw std::runtime_error("the JSON text exceeds the output limit");
+  }
   void newline(int level) {
     out += '\n';
-    for (int k = 0; k < level; ++k) out += *indent;
+    for (int k = 0; k < level; ++k) {
+      out += *indent;
+      check_size();
+    }
   }
 
   std::string key_of(const Value& k) {
@@ -438,6 +445,7 @@ struct JsonWriter {
 
   void write(const Value& v) {
     if (++depth > kMaxNesting) throw std::runtime_error("value nests too deeply");
+    check_size();
     switch (v.type) {
       case Value::Type::None:
         out += "null";
@@ -510,14 +518,16 @@ struct JsonWriter {
 }  // namespace
 
 std::string to_json(const Value& v, const std::string* indent, bool sort_keys, bool ensure_ascii,
-                    const std::string* item_sep, const std::string* key_sep) {
+                    const std::string* item_sep, const std::string* key_sep, size_t max_bytes) {
   JsonWriter w;
+  w.max_bytes = max_bytes;
   w.indent = indent;
   w.sort_keys = sort_keys;
   w.ensure_ascii = ensure_ascii;
   w.item_sep = item_sep ? *item_sep : (indent ? "," : ", ");
   w.key_sep = key_sep ? *key_sep : ": ";
   w.write(v);
+  w.check_size();
   return std::move(w.out);
 }
 

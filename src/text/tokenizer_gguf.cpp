@@ -223,7 +223,12 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
   if (const gguf::Value* mv = m.array("tokenizer.ggml.merges", false)) {
     if (mv->elem != gguf::VType::STRING)
       throw Error(m.where("tokenizer.ggml.merges") + ": expected an array of strings");
-    for (const auto& e : mv->arr) merges.push_back(e.s);
+    // Checked here: the JSON the pipeline is built from cannot hold invalid UTF-8.
+    for (size_t k = 0; k < mv->arr.size(); ++k) {
+      if (!utf8::is_valid(mv->arr[k].s))
+        throw Error(m.where("tokenizer.ggml.merges") + "[" + std::to_string(k) + "]: not valid UTF-8");
+      merges.push_back(mv->arr[k].s);
+    }
   } else if (spm) {
     const gguf::Value* sv = m.array("tokenizer.ggml.scores", true);
     if (sv->arr.size() != n)
@@ -315,6 +320,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
   cfg["add_bos_token"] = add_bos;
   cfg["add_eos_token"] = add_eos;
   const std::string tmpl = m.str("tokenizer.chat_template", "");
+  if (!utf8::is_valid(tmpl)) throw Error(m.where("tokenizer.chat_template") + ": not valid UTF-8");
   if (!tmpl.empty()) cfg["chat_template"] = tmpl;
 
   const std::string name = f.path() + ": tokenizer.ggml";
