@@ -9,14 +9,14 @@
 
 namespace dory {
 
-void RopeTable::build(double theta, int64_t rotary_dims, int64_t start, int64_t T) {
+void RopeTable::build(double theta, int64_t rotary_dims, const ChunkArgs& a) {
   half = rotary_dims / 2;
-  cos.resize(T * half);
-  sin.resize(T * half);
+  cos.resize(a.T * half);
+  sin.resize(a.T * half);
   for (int64_t j = 0; j < half; ++j) {
     const double inv_freq = std::pow(theta, -2.0 * double(j) / double(rotary_dims));
-    for (int64_t t = 0; t < T; ++t) {
-      const double ang = double(start + t) * inv_freq;  // double: positions reach 1e5+
+    for (int64_t t = 0; t < a.T; ++t) {
+      const double ang = double(a.position(t)) * inv_freq;  // double: positions reach 1e5+
       cos[t * half + j] = static_cast<float>(std::cos(ang));
       sin[t * half + j] = static_cast<float>(std::sin(ang));
     }
@@ -38,6 +38,12 @@ void apply_rope(float* head, const float* c, const float* s, int64_t half) {
 
 void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, Scratch& s,
                      const ChunkArgs& a, KvCache& cache) {
+  KvCache* one = &cache;
+  attention_layer(w, L, pool, s, a, std::span<KvCache* const>(&one, 1));
+}
+
+void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, Scratch& s,
+                     const ChunkArgs& a, std::span<KvCache* const> caches) {
   const DoryConfig& c = w.cfg;
   const int64_t T = a.T, H = c.hidden, hd = c.head_dim, nh = c.n_head, nk = c.n_kv_head;
   const int64_t QW = nh * hd, KW = nk * hd, group = nh / nk;
@@ -47,8 +53,14 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
 
   // RoPE, then q <- q_scale * n(q) and k <- n(k) per head; k, v go to the cache.
   const RopeTable& rope = s.rope[L.rope_profile - 1];
-  cache.begin_write(a.start, a.start + T);
+  // Each sequence's run of rows becomes writable in its own cache.
+  for (int64_t t0 = 0, t1; t0 < T; t0 = t1) {
+    for (t1 = t0 + 1; t1 < T && a.sequence(t1) == a.sequence(t0);) ++t1;
+    caches[a.sequence(t0)]->begin_write(a.position(t0), a.position(t1 - 1) + 1);
+  }
   for (int64_t t = 0; t < T; ++t) {
+    KvCache& cache = *caches[a.sequence(t)];
+    const int64_t p = a.position(t);
     const float* cs = rope.cos.data() + t * rope.half;
     const float* sn = rope.sin.data() + t * rope.half;
     for (int64_t h = 0; h < nh; ++h) {
@@ -58,8 +70,8 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
       const float* qs = L.q_scale.data() + h * hd;
       for (int64_t d = 0; d < hd; ++d) qh[d] *= qs[d];
     }
-    float* kc = cache.k(a.start + t);
-    float* vc = cache.v(a.start + t);
+    float* kc = cache.k(p);
+    float* vc = cache.v(p);
     for (int64_t h = 0; h < nk; ++h) {
       float* kh = s.k.data() + t * KW + h * hd;
       apply_rope(kh, cs, sn, rope.half);
@@ -75,7 +87,8 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
   const bool sliding = L.kind == 'S';
   pool.run(T * nh, [&](int64_t task) {
     const int64_t t = task / nh, h = task % nh, kvh = h / group;
-    const int64_t p = a.start + t;
+    const int64_t p = a.position(t);
+    const KvCache& cache = *caches[a.sequence(t)];
     const int64_t lo = sliding ? std::max<int64_t>(0, p - c.swa_window + 1) : 0;
     const float* qh = s.q.data() + t * QW + h * hd;
     std::vector<float> sc(p - lo + 1);

@@ -14,24 +14,21 @@ void Scratch::reserve(const DoryConfig& c, int64_t T) {
   for (auto* v : {&ff_g, &ff_u}) v->resize(T * c.ffn);
 }
 
-void forward_chunk(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
-                   const std::vector<Step>& plan, const CacheFor& cache_for, int64_t logit_row0,
-                   float* logits) {
-  const DoryConfig& c = w.cfg;
-  const int64_t T = a.T, H = c.hidden;
-  s.reserve(c, T);
-  s.rope[0].build(c.rope_theta, c.rotary_dims(1), a.start, T);
-  s.rope[1].build(c.rope_theta_2, c.rotary_dims(2), a.start, T);
+namespace {
 
-  // Layer 0 sees the raw, un-normalized embedding row.
-  for (int64_t t = 0; t < T; ++t) w.embd.to_f32(int64_t(a.ids[t]) * H, H, s.x.data() + t * H);
-
+// The plan over the rows already in s.x (embeddings in, last hidden state out).
+// attn(L, step) runs one attention layer: the only part that depends on how
+// rows map to sequences and caches.
+template <class Attn>
+void run_plan(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
+              const std::vector<Step>& plan, const Attn& attn) {
+  const int64_t T = a.T, H = w.cfg.hidden;
   for (const Step& st : plan) {
     switch (st.op) {
       case Step::Op::Layer: {
         const LayerWeights& L = w.layers[st.layer];
         if (L.kind == '-') mlp_layer(w, L, pool, s, a);
-        else attention_layer(w, L, pool, s, a, cache_for(st.layer, st.loop));
+        else attn(L, st);
         break;
       }
       case Step::Op::LoopBegin:  // h = n(state + inp); state starts as inp
@@ -51,14 +48,61 @@ void forward_chunk(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkAr
         break;
     }
   }
+}
 
-  // No final norm. logits = (lm_head . h) * logit_scale / sigma
-  const int64_t rows = T - logit_row0;
+// Layer 0 sees the raw, un-normalized embedding row.
+void embed(const Weights& w, Scratch& s, const ChunkArgs& a) {
+  const int64_t H = w.cfg.hidden;
+  for (int64_t t = 0; t < a.T; ++t) w.embd.to_f32(int64_t(a.ids[t]) * H, H, s.x.data() + t * H);
+}
+
+// No final norm. logits = (lm_head . h) * logit_scale / sigma, for `rows` rows at h.
+void head(const Weights& w, ThreadPool& pool, const float* h, int64_t rows, float* logits) {
   if (rows <= 0) return;
-  linear(pool, w.lm_head, s.x.data() + logit_row0 * H, rows, logits);
-  const int64_t V = c.vocab;
+  linear(pool, w.lm_head, h, rows, logits);
+  const int64_t V = w.cfg.vocab;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < V; ++i) logits[r * V + i] *= w.logit_scale[i];
+}
+
+// What every chunk starts with: scratch, the RoPE tables of its positions, the embeddings.
+void begin_chunk(const Weights& w, Scratch& s, const ChunkArgs& a) {
+  const DoryConfig& c = w.cfg;
+  s.reserve(c, a.T);
+  s.rope[0].build(c.rope_theta, c.rotary_dims(1), a);
+  s.rope[1].build(c.rope_theta_2, c.rotary_dims(2), a);
+  embed(w, s, a);
+}
+
+}  // namespace
+
+void forward_chunk(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
+                   const std::vector<Step>& plan, const CacheFor& cache_for, int64_t logit_row0,
+                   float* logits) {
+  const int64_t H = w.cfg.hidden;
+  begin_chunk(w, s, a);
+  run_plan(w, pool, s, a, plan, [&](const LayerWeights& L, const Step& st) {
+    attention_layer(w, L, pool, s, a, cache_for(st.layer, st.loop));
+  });
+  head(w, pool, s.x.data() + logit_row0 * H, a.T - logit_row0, logits);
+}
+
+void forward_rows(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a, int n_seq,
+                  const std::vector<Step>& plan, const SeqCacheFor& cache_for,
+                  std::span<const int64_t> logit_rows, float* logits) {
+  const int64_t H = w.cfg.hidden;
+  begin_chunk(w, s, a);
+  std::vector<KvCache*> caches(n_seq);
+  run_plan(w, pool, s, a, plan, [&](const LayerWeights& L, const Step& st) {
+    for (int i = 0; i < n_seq; ++i) caches[i] = &cache_for(i, st.layer, st.loop);
+    attention_layer(w, L, pool, s, a, caches);
+  });
+  // The wanted rows, gathered into s.out (free after the last layer), go through the head
+  // in one product.
+  const int64_t rows = static_cast<int64_t>(logit_rows.size());
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy_n(s.x.data() + logit_rows[r] * H, H, s.out.data() + r * H);
+  head(w, pool, s.out.data(), rows, logits);
 }
 
 }  // namespace dory

@@ -8,26 +8,13 @@
 
 #include "dory/session.h"
 #include "runtime/pool.h"
+#include "tiny_model.h"
 
 using namespace dory;
+using dory::fixture::ids;
+using dory::fixture::tiny;
 
 namespace {
-
-std::shared_ptr<const Model> tiny() {
-  static std::shared_ptr<const Model> m = [] {
-    const char* p = std::getenv("DORY_TINY_MODEL");
-    if (!p) throw std::runtime_error("DORY_TINY_MODEL is not set (run through ctest)");
-    return Model::load(p);
-  }();
-  return m;
-}
-
-std::vector<int32_t> ids(int n, int seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = static_cast<int32_t>(rng() % tiny()->config().vocab);
-  return v;
-}
 
 float max_diff(const float* a, const float* b, size_t n) {
   float m = 0;

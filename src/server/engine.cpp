@@ -1,0 +1,394 @@
+#include "server/engine.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "text/tokenizer.h"
+
+namespace dory::server {
+
+namespace {
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
+bool Job::wait(std::vector<JobEvent>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (events_.empty()) cv_.wait_for(lk, timeout, [&] { return !events_.empty(); });
+  if (events_.empty()) return false;
+  for (auto& e : events_) out.push_back(std::move(e));
+  events_.clear();
+  return true;
+}
+
+void Job::push(JobEvent e) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+struct Engine::Slot {
+  int id = 0;
+  std::unique_ptr<Session> session;
+  std::vector<int32_t> tokens;  // the ids whose rows the KV cache holds
+  int tokens_loops = 0;         // the loop count those rows were computed with
+  uint64_t last_used = 0;
+
+  std::shared_ptr<Job> job;  // null: idle
+  bool decoding = false;     // false: still feeding the prompt
+  size_t fed = 0;            // prompt ids in the cache so far
+  int32_t next_id = 0;       // decoding: the id to feed next
+  std::optional<Sampler> sampler;
+  std::optional<StreamDecoder> dec;
+  std::string pending;  // decoded text held back: it may start a stop string
+  bool hit_stop_string = false;
+  JobResult result;
+  Clock::time_point t_assigned, t_prompt_done;
+};
+
+Engine::Engine(std::shared_ptr<const Model> model, const Tokenizer& tok, EngineOptions opts)
+    : model_(std::move(model)), tok_(tok), opts_(opts), pool_(opts.threads), t0_(Clock::now()) {
+  const DoryConfig& c = model_->config();
+  if (opts_.slots < 1) throw Error("--parallel must be at least 1");
+  if (opts_.ctx <= 0 || opts_.ctx > c.max_positions) opts_.ctx = c.max_positions;
+  if (opts_.prefill_rows <= 0) opts_.prefill_rows = opts_.session.chunk;
+  for (int i = 0; i < opts_.slots; ++i) {
+    auto s = std::make_unique<Slot>();
+    s->id = i;
+    s->session = std::make_unique<Session>(model_, pool_, opts_.session);
+    s->tokens_loops = s->session->loops();
+    slots_.push_back(std::move(s));
+  }
+  for (int32_t id : tok_.eos_ids()) eos_.push_back(id);
+  for (int64_t id : c.eos_ids) eos_.push_back(static_cast<int32_t>(id));
+  stats_.slots = opts_.slots;
+  thread_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() { shutdown(); }
+
+std::shared_ptr<Job> Engine::submit(JobSpec spec) {
+  auto job = std::make_shared<Job>(std::move(spec));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) throw Error("the server is shutting down");
+    queue_.push_back(job);
+    stats_.queued = static_cast<int>(queue_.size());
+  }
+  cv_.notify_all();
+  return job;
+}
+
+void Engine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  EngineStats s = stats_;
+  const int64_t now = static_cast<int64_t>(std::chrono::duration<double>(Clock::now() - t0_).count());
+  // The last 10 whole seconds (fewer right after start).
+  const int64_t span = std::max<int64_t>(1, std::min<int64_t>(10, now));
+  int64_t p = 0, g = 0;
+  for (const Bucket& b : buckets_)
+    if (b.second >= now - span && b.second < now) {
+      p += b.prompt;
+      g += b.gen;
+    }
+  s.prompt_tps = double(p) / double(span);
+  s.gen_tps = double(g) / double(span);
+  return s;
+}
+
+void Engine::run() {
+  for (;;) {
+    bool any_busy = false;
+    for (const auto& s : slots_) any_busy |= s->job != nullptr;
+    std::vector<std::pair<Slot*, std::shared_ptr<Job>>> starting;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      if (!any_busy) cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) break;
+      // Jobs whose client left while they waited never take a slot.
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if ((*it)->cancelled()) {
+          JobEvent e{JobEvent::Kind::Done, {}, {}};
+          e.result.finish_reason = "cancelled";
+          (*it)->push(std::move(e));
+          ++stats_.jobs_cancelled;
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      // FIFO: each job takes the idle slot sharing the longest prefix with it.
+      while (!queue_.empty()) {
+        std::shared_ptr<Job>& job = queue_.front();
+        const auto& prompt = job->spec().prompt;
+        const int loops = job->spec().loops ? job->spec().loops : slots_[0]->session->loops();
+        Slot* best = nullptr;
+        size_t best_lcp = 0;
+        for (auto& s : slots_) {
+          if (s->job) continue;
+          bool taken = false;
+          for (auto& st : starting) taken |= st.first == s.get();
+          if (taken) continue;
+          size_t lcp = 0;
+          if (s->tokens_loops == loops)
+            while (lcp < s->tokens.size() && lcp < prompt.size() && s->tokens[lcp] == prompt[lcp]) ++lcp;
+          if (!best || lcp > best_lcp || (lcp == best_lcp && s->last_used < best->last_used)) {
+            best = s.get();
+            best_lcp = lcp;
+          }
+        }
+        if (!best) break;
+        starting.emplace_back(best, std::move(job));
+        queue_.pop_front();
+      }
+      stats_.queued = static_cast<int>(queue_.size());
+    }
+    for (auto& [slot, job] : starting) {
+      try {
+        assign(*slot, std::move(job));
+      } catch (const std::exception& e) {  // not expected: requests are checked at submit
+        fail(*slot, e.what());
+      }
+    }
+    for (auto& s : slots_)
+      if (s->job && s->job->cancelled()) finish(*s, "cancelled");
+    step();
+  }
+  // Shutting down: every job still here ends.
+  std::deque<std::shared_ptr<Job>> left;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    left.swap(queue_);
+  }
+  for (auto& s : slots_)
+    if (s->job) finish(*s, "cancelled");
+  for (auto& job : left) {
+    JobEvent e{JobEvent::Kind::Done, {}, {}};
+    e.result.finish_reason = "cancelled";
+    job->push(std::move(e));
+  }
+}
+
+void Engine::assign(Slot& s, std::shared_ptr<Job> job) {
+  const JobSpec& spec = job->spec();
+  const int loops = spec.loops ? spec.loops : slots_[0]->session->loops();
+  s.job = std::move(job);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.busy;
+  }
+  s.t_assigned = Clock::now();
+  s.result = JobResult{};
+  s.result.slot = s.id;
+  s.result.prompt_tokens = static_cast<int64_t>(spec.prompt.size());
+  s.result.queue_ms = ms_between(s.job->submitted_, s.t_assigned);
+  // Keep the common prefix (computed with the same loop count), but feed at
+  // least the last prompt id: its logits give the first token.
+  size_t keep = 0;
+  if (s.tokens_loops == loops)
+    while (keep < s.tokens.size() && keep < spec.prompt.size() && s.tokens[keep] == spec.prompt[keep])
+      ++keep;
+  keep = std::min(keep, spec.prompt.size() - 1);
+  try {
+    s.session->rollback(static_cast<int64_t>(keep));
+  } catch (const Error&) {
+    // A sliding window already dropped rows that far back: start over.
+    s.session = std::make_unique<Session>(model_, pool_, opts_.session);
+    keep = 0;
+  }
+  if (s.session->loops() != loops) s.session->set_loops(loops);
+  s.tokens.resize(keep);
+  s.tokens_loops = loops;
+  s.fed = keep;
+  s.decoding = false;
+  s.result.cached_tokens = static_cast<int64_t>(keep);
+  s.sampler.emplace(spec.sampling);
+  for (int32_t id : spec.prompt) s.sampler->accept(id);
+  s.dec.emplace(tok_);
+  s.pending.clear();
+  s.hit_stop_string = false;
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.cached_tokens += static_cast<int64_t>(keep);
+}
+
+// One batched forward over every busy slot. Returns false if nothing ran.
+bool Engine::step() {
+  std::vector<BatchEntry> entries;
+  std::vector<Slot*> owner;
+  int64_t budget = opts_.prefill_rows, prompt_rows = 0, decode_rows = 0;
+  for (auto& s : slots_)
+    if (s->job && s->decoding) {
+      entries.push_back({s->session.get(), std::span<const int32_t>(&s->next_id, 1), Logits::Last, {}});
+      owner.push_back(s.get());
+      ++decode_rows;
+    }
+  // Prompts in the order their jobs arrived, so the oldest gets its first token first.
+  std::vector<Slot*> reading;
+  for (auto& s : slots_)
+    if (s->job && !s->decoding) reading.push_back(s.get());
+  std::sort(reading.begin(), reading.end(),
+            [](const Slot* a, const Slot* b) { return a->job->submitted_ < b->job->submitted_; });
+  for (Slot* s : reading) {
+    if (budget <= 0) break;
+    const auto& prompt = s->job->spec().prompt;
+    const int64_t n = std::min<int64_t>({budget, static_cast<int64_t>(prompt.size() - s->fed),
+                                         static_cast<int64_t>(opts_.session.chunk)});
+    const bool last = s->fed + n == prompt.size();
+    entries.push_back({s->session.get(), std::span<const int32_t>(prompt.data() + s->fed, n),
+                       last ? Logits::Last : Logits::None, {}});
+    owner.push_back(s);
+    budget -= n;
+    prompt_rows += n;
+  }
+  if (entries.empty()) return false;
+
+  const auto t0 = Clock::now();
+  try {
+    Session::forward_batch(entries);
+  } catch (const std::exception& e) {
+    // Not expected (ids are checked at submit); fail these jobs, keep serving.
+    for (Slot* s : owner) fail(*s, e.what());
+    return true;
+  }
+  const auto t1 = Clock::now();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.steps;
+    stats_.rows += prompt_rows + decode_rows;
+    stats_.decode_rows += decode_rows;
+    stats_.prompt_tokens += prompt_rows;
+    stats_.busy_seconds += std::chrono::duration<double>(t1 - t0).count();
+    const int64_t sec = static_cast<int64_t>(std::chrono::duration<double>(t1 - t0_).count());
+    Bucket& b = buckets_[sec % 16];
+    if (b.second != sec) b = Bucket{sec, 0, 0};
+    b.prompt += prompt_rows;
+  }
+  // Slots with new logits draw their next token; the draws (a partial sort of
+  // the vocabulary each) run in parallel on the pool.
+  std::vector<size_t> drawing;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Slot& s = *owner[i];
+    s.tokens.insert(s.tokens.end(), entries[i].ids.begin(), entries[i].ids.end());
+    if (!s.decoding) {
+      s.fed += entries[i].ids.size();
+      if (s.fed < s.job->spec().prompt.size()) continue;
+      s.decoding = true;
+      s.t_prompt_done = t1;
+      s.result.prompt_ms = ms_between(s.t_assigned, t1);
+    }
+    const int64_t max = s.job->spec().max_tokens;
+    if (max >= 0 && s.result.completion_tokens >= max) finish(s, "length");
+    else drawing.push_back(i);
+  }
+  std::vector<int32_t> drawn(entries.size(), -1);
+  std::vector<std::string> errors(entries.size());
+  const int64_t V = model_->config().vocab;
+  pool_.run(static_cast<int64_t>(drawing.size()), [&](int64_t k) {
+    const size_t i = drawing[k];
+    try {
+      drawn[i] = owner[i]->sampler->sample(entries[i].logits.data(), V);
+    } catch (const std::exception& e) {
+      errors[i] = e.what();
+    }
+  });
+  for (size_t i : drawing) {
+    if (!errors[i].empty()) fail(*owner[i], errors[i]);
+    else take_token(*owner[i], drawn[i]);
+  }
+  uint64_t kv = 0;
+  for (auto& s : slots_) kv += s->session->kv_bytes();
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.kv_bytes = kv;
+  return true;
+}
+
+// The slot drew `id`: stream it and decide whether it goes on.
+void Engine::take_token(Slot& s, int32_t id) {
+  const JobSpec& spec = s.job->spec();
+  s.sampler->accept(id);
+  if (!spec.ignore_eos && std::find(eos_.begin(), eos_.end(), id) != eos_.end()) return finish(s, "stop");
+  ++s.result.completion_tokens;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.generated_tokens;
+    const int64_t sec =
+        static_cast<int64_t>(std::chrono::duration<double>(Clock::now() - t0_).count());
+    Bucket& b = buckets_[sec % 16];
+    if (b.second != sec) b = Bucket{sec, 0, 0};
+    ++b.gen;
+  }
+  if (!push_text(s, s.dec->push(id), false)) {
+    s.hit_stop_string = true;
+    return finish(s, "stop");
+  }
+  if (spec.max_tokens >= 0 && s.result.completion_tokens >= spec.max_tokens) return finish(s, "length");
+  // This token takes the last position: nothing after it would fit.
+  if (s.session->position() + 1 >= opts_.ctx) return finish(s, "length");
+  s.next_id = id;
+}
+
+// Adds decoded text; sends what can no longer be part of a stop string.
+// Returns false when a stop string was found (the text before it was sent).
+bool Engine::push_text(Slot& s, const std::string& piece, bool final) {
+  s.pending += piece;
+  const auto& stops = s.job->spec().stop;
+  size_t cut = std::string::npos;
+  for (const std::string& st : stops)
+    if (!st.empty()) cut = std::min(cut, s.pending.find(st));
+  if (cut != std::string::npos) {
+    if (cut) s.job->push({JobEvent::Kind::Text, s.pending.substr(0, cut), {}});
+    s.pending.clear();
+    return false;
+  }
+  const size_t hold = final ? 0 : stop_holdback(s.pending, stops);
+  if (s.pending.size() > hold) {
+    s.job->push({JobEvent::Kind::Text, s.pending.substr(0, s.pending.size() - hold), {}});
+    s.pending.erase(0, s.pending.size() - hold);
+  }
+  return true;
+}
+
+void Engine::finish(Slot& s, const std::string& reason) {
+  // A stop string ends the text where it starts; otherwise what is held back goes out.
+  if (reason != "cancelled" && !s.hit_stop_string) push_text(s, s.dec->flush(), true);
+  const auto now = Clock::now();
+  s.result.finish_reason = reason;
+  s.result.gen_ms = s.decoding ? ms_between(s.t_prompt_done, now) : 0;
+  s.job->push({JobEvent::Kind::Done, {}, s.result});
+  s.job.reset();
+  s.decoding = false;
+  s.last_used = ++use_counter_;
+  std::lock_guard<std::mutex> lk(mu_);
+  --stats_.busy;
+  if (reason == "cancelled") ++stats_.jobs_cancelled;
+  else ++stats_.jobs_done;
+}
+
+void Engine::fail(Slot& s, const std::string& message) {
+  JobEvent e{JobEvent::Kind::Error, message, s.result};
+  e.result.finish_reason = "error";
+  s.job->push(std::move(e));
+  s.job.reset();
+  s.decoding = false;
+  // The cache may hold half a step: start this slot over.
+  s.session = std::make_unique<Session>(model_, pool_, opts_.session);
+  s.tokens.clear();
+  s.last_used = ++use_counter_;
+  std::lock_guard<std::mutex> lk(mu_);
+  --stats_.busy;
+  ++stats_.jobs_done;
+}
+
+}  // namespace dory::server

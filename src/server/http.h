@@ -1,0 +1,67 @@
+// `dory serve`'s HTTP side: an OpenAI-compatible API over the Engine, through
+// cpp-httplib (Debian's libcpp-httplib-dev; kept out of this header).
+//
+// It listens before the model is loaded (GET /health answers 503 until then),
+// so a supervisor sees the port at once. Each connection gets a thread of
+// httplib's pool; a generation request parks its thread on its Job's events
+// and writes them out (server-sent events when streaming), checking between
+// events that the client is still there: a client that leaves cancels its job
+// and the engine frees the slot before its next step.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/engine.h"
+
+namespace dory {
+class Tokenizer;
+}
+
+namespace dory::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;             // 0: any free port (port() tells which)
+  std::string api_key;         // "": no authentication
+  size_t max_body = 8u << 20;  // bytes; a larger body gets 413
+  int http_threads = 64;       // connections served at once
+  int timeout_s = 30;          // socket read/write timeout
+  std::string model_name;      // what /v1/models and responses call the model
+  bool verbose = false;        // one line per request on stderr
+};
+
+// What requests get when they do not say (dory serve's sampling flags).
+struct RequestDefaults {
+  SamplingParams sampling;
+  int64_t max_tokens = -1;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(ServerOptions opts);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the socket; throws Error naming host and port if it cannot.
+  void bind();
+  int port() const;
+  // Serves in a background thread (503 for everything until ready()).
+  void start();
+  // The model is loaded: starts the engine and serves requests.
+  void ready(std::shared_ptr<const Model> model, std::unique_ptr<Tokenizer> tok,
+             const std::string& chat_template, const EngineOptions& eo, const RequestDefaults& rd);
+  // Ends every request, stops the engine and the listener; idempotent.
+  void stop();
+  EngineStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dory::server

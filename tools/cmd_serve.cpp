@@ -1,0 +1,146 @@
+// dory serve: an OpenAI-compatible HTTP server (src/server) with --parallel
+// slots decoded together by continuous batching.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "commands.h"
+#include "common.h"
+#include "model_text.h"
+#include "server/http.h"
+
+namespace dory::cli {
+
+namespace {
+
+struct ServeOpts {
+  RunOpts run;
+  GenOpts gen;
+  server::ServerOptions http;
+  int parallel = 4;
+  int64_t ctx = 0;
+  int prefill_rows = 0;
+  std::string alias;
+};
+
+std::string model_name(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+int run_serve(ServeOpts o) {
+  // Signals go to sigwait below, never to a worker thread mid-step: block them
+  // before any thread exists (threads inherit the mask).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that left is a failed write, not a dead server
+
+  const std::string path = o.run.model_path();  // -m, or the built-in model
+  o.http.model_name = o.alias.empty() ? model_name(path) : o.alias;
+  server::HttpServer http(o.http);
+  http.bind();
+  http.start();
+  std::fprintf(stderr, "dory serve: listening on http://%s:%d (loading %s)\n", o.http.host.c_str(),
+               http.port(), path.c_str());
+
+  // Test hook: hold /health at 503 a while, as a slow load would.
+  if (const char* d = std::getenv("DORY_SERVE_TEST_LOAD_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
+  const auto t0 = std::chrono::steady_clock::now();
+  Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
+  const DoryConfig& c = m.model->config();
+  if (o.ctx > c.max_positions)
+    throw Error("--ctx-size " + std::to_string(o.ctx) + " exceeds the model's context of " +
+                std::to_string(c.max_positions) + " positions");
+  const std::string tmpl = chat_template_source(*m.tok);
+
+  server::EngineOptions eo;
+  eo.slots = o.parallel;
+  eo.threads = o.run.n_threads();
+  eo.ctx = o.ctx > 0 ? o.ctx : c.max_positions;
+  eo.session = o.run.session();
+  eo.prefill_rows = o.prefill_rows;
+  server::RequestDefaults rd;
+  rd.sampling = o.gen.sampling();
+  rd.max_tokens = o.gen.n_predict;
+  rd.stop = o.gen.stop;
+  rd.ignore_eos = o.gen.ignore_eos;
+  const int loops = o.run.loops ? o.run.loops : static_cast<int>(c.n_loops);
+  const char* kv = kv_mode_name(eo.session.kv.value_or(c.kv_mode));
+  http.ready(m.model, std::move(m.tok), tmpl, eo, rd);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr,
+               "dory serve: ready in %.2f s: model '%s', %d slots x %lld positions, %d threads, "
+               "loops %d, kv %s%s\n",
+               load_s, o.http.model_name.c_str(), eo.slots, (long long)eo.ctx, eo.threads, loops, kv,
+               o.http.api_key.empty() ? "" : ", API key required");
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::fprintf(stderr, "dory serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  const server::EngineStats s = http.stats();
+  http.stop();
+  std::fprintf(stderr,
+               "dory serve: %lld requests (%lld cancelled), %lld prompt tokens (%lld from cache), "
+               "%lld generated, %lld batched steps (%.2f rows each)\n",
+               (long long)s.jobs_done, (long long)s.jobs_cancelled, (long long)s.prompt_tokens,
+               (long long)s.cached_tokens, (long long)s.generated_tokens, (long long)s.steps,
+               s.steps ? double(s.rows) / double(s.steps) : 0.0);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_serve(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "serve",
+      "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, "
+      "/metrics, /tokenize, /detokenize");
+  auto o = std::make_shared<ServeOpts>();
+  o->gen.n_predict = -1;  // a request without max_tokens runs to end of text or the context
+  add_run_opts(cmd, o->run);
+  add_gen_opts(cmd, o->gen);
+  // add_gen_opts says "tokens to generate"; for the server these are the defaults of a request.
+  cmd->get_option("--n-predict")->description("max_tokens of a request that gives none (-1 = until end of text or context)");
+  cmd->add_option("--host", o->http.host, "address to listen on (0.0.0.0: every interface)")
+      ->capture_default_str();
+  cmd->add_option("--port", o->http.port, "port to listen on (0: any free port, printed at start)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--parallel", o->parallel, "slots: requests decoded together, each with its own KV cache")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("-c,--ctx-size", o->ctx, "positions per slot (default: the model's context)")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 30));
+  cmd->add_option("--prefill-rows", o->prefill_rows,
+                  "prompt rows per batched step, all slots together (default: --chunk)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--api-key", o->http.api_key,
+                  "require 'Authorization: Bearer KEY' on every endpoint but /health")
+      ->envname("DORY_API_KEY");
+  cmd->add_option("--alias", o->alias, "model name in /v1/models and responses (default: the model's file or directory name)");
+  cmd->add_option("--max-body", o->http.max_body, "largest request body in bytes (larger: 413)")
+      ->check(CLI::Range(size_t(1024), size_t(1) << 32))
+      ->capture_default_str();
+  cmd->add_option("--threads-http", o->http.http_threads, "connections served at once")
+      ->check(CLI::Range(4, 4096))
+      ->capture_default_str();
+  cmd->add_option("--timeout", o->http.timeout_s, "seconds a socket read or write may wait")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  cmd->add_flag("-v,--verbose", o->http.verbose, "one line per request on stderr");
+  return [o] { return run_serve(*o); };
+}
+
+static const bool registered = register_command(45, add_serve);
+
+}  // namespace dory::cli
