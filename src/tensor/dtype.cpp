@@ -479,6 +479,7 @@ void scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
 
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   check_blocks(t, n);
+  if (n == 0) return;  // a tensor with no elements may have no data pointer at all
   const auto* b = static_cast<const uint8_t*>(src);
   switch (t) {
     case DType::F32: std::memcpy(dst, src, n * 4); break;
@@ -511,6 +512,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
 
 void quantize_row(DType t, const float* src, void* dst, int64_t n) {
   check_blocks(t, n);
+  if (n == 0) return;
   auto* b = static_cast<uint8_t*>(dst);
   switch (t) {
     case DType::F32: std::memcpy(dst, src, n * 4); break;
