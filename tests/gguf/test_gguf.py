@@ -99,6 +99,17 @@ class Convert(unittest.TestCase):
         kv8, t8, _ = g.read(self.convert("q8_0"))
         self.assertEqual(t8["blk.0.attn_q.weight"][0], g.T_Q8_0)
         self.assertEqual(t8["blk.0.dory_sqk.weight"][0], g.T_F32)
+        # The q8_0 recipe keeps float embeddings BF16 (one row read per token); from an
+        # input whose embeddings are already quantized, and with --embd-type q8_0, they
+        # are Q8_0 (llama.cpp's layout).
+        self.assertEqual(t8["token_embd.weight"][0], g.T_BF16)
+        self.assertEqual(t8["output.weight"][0], g.T_Q8_0)
+        all_q8 = os.path.join(_TMP, "tiny-q8e.gguf")
+        run("quantize", self.convert("bf16"), all_q8, "--type", "q8_0", "--embd-type", "q8_0", "-q")
+        self.assertEqual(g.read(all_q8)[1]["token_embd.weight"][0], g.T_Q8_0)
+        requant = os.path.join(_TMP, "tiny-q8-requant.gguf")
+        run("quantize", all_q8, requant, "--type", "q8_0", "-q")
+        self.assertEqual(g.read(requant)[1]["token_embd.weight"][0], g.T_Q8_0)
 
     def test_q8_0_close_to_bf16(self):
         # The tiny random checkpoint is chaotic (sharp attention scales, 12 layers x loops):
