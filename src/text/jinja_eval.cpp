@@ -39,13 +39,20 @@ struct DepthGuard {
   ~DepthGuard() { --in.depth_; }
 };
 
-// About 1 KB of stack each (eval's frame is the largest): 3000 stay well inside
-// a thread's 8 MB.
+// Interpreter frames: at most kMaxFrames (about 1 KB of stack each in a release
+// build, eval's frame being the largest), and at most kMaxStack bytes of the
+// thread's stack (8 MB) however large the frames are: several times larger
+// under AddressSanitizer or without optimization.
 constexpr int kMaxFrames = 3000;
+constexpr uintptr_t kMaxStack = uintptr_t(4) << 20;
 struct FrameGuard {
   Interp& in;
   explicit FrameGuard(Interp& i) : in(i) {
-    if (++in.frames_ > kMaxFrames) in.fail("the template nests or recurses too deeply");
+    const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+    if (in.frames_ == 0) in.stack_top_ = sp;
+    if (in.frames_ + 1 > kMaxFrames || (in.stack_top_ > sp && in.stack_top_ - sp > kMaxStack))
+      in.fail("the template nests or recurses too deeply");
+    ++in.frames_;
   }
   ~FrameGuard() { --in.frames_; }
 };

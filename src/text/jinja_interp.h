@@ -1,6 +1,7 @@
 // The Jinja interpreter's internals, shared by jinja_eval.cpp (statements and
 // expressions) and jinja_builtins.cpp (filters, tests, methods, globals).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -89,6 +90,7 @@ class Interp {
   // Interpreter frames on the stack (expressions, statements, calls): a bound on
   // the stack a template can use however its recursion and nesting combine.
   int frames_ = 0;
+  uintptr_t stack_top_ = 0;  // the stack address of the outermost frame
   friend struct FrameGuard;
   friend struct DepthGuard;
 };
