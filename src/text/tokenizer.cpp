@@ -507,7 +507,7 @@ std::string Impl::decode(std::span<const int32_t> ids, bool skip_special) const 
   for (int32_t id : ids) {
     const std::string* t = token_string(id);
     if (!t) continue;  // unknown ids are dropped, as the library does
-    if (skip_special && special_contents.count(*t)) continue;
+    if (skip_special && special_contents.count(*t)) continue;  // (Tokenizer::decode_drops)
     tokens.push_back(*t);
   }
   if (decoder) {
@@ -618,6 +618,11 @@ const std::string& Tokenizer::token_text(int32_t id) const {
   return t ? *t : empty;
 }
 
+bool Tokenizer::decode_drops(int32_t id, bool skip_special) const {
+  const std::string* t = impl_->token_string(id);
+  return !t || (skip_special && impl_->special_contents.count(*t));
+}
+
 bool Tokenizer::is_special(int32_t id) const {
   auto it = impl_->added_by_id.find(id);
   return it != impl_->added_by_id.end() && impl_->added[it->second].special;
@@ -664,8 +669,8 @@ std::string StreamDecoder::push(int32_t id) {
   ids_.push_back(id);
   // A byte-fallback token (<0xNN>) may still be joined by the next one: ByteFallback decodes a
   // run of them as a whole (all of it, or one U+FFFD per byte), so wait for the run to end.
-  // A special token that decode skips leaves the run open.
-  if (!(skip_ && tok_.is_special(id))) {
+  // A token that decode drops leaves the run open.
+  if (!tok_.decode_drops(id, skip_)) {
     const std::string& t = tok_.token_text(id);
     in_byte_run_ = t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>';
   }
@@ -683,10 +688,9 @@ std::string StreamDecoder::push(int32_t id) {
     while (k > 0 && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
     out = s.substr(k);
   }
-  const size_t new_prefix_index = ids_.size() - prefix_index_;
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
   prefix_ = tok_.decode(ids_, skip_);
-  prefix_index_ = new_prefix_index;
+  prefix_index_ = ids_.size();
   return out;
 }
 

@@ -61,6 +61,9 @@ class Tokenizer {
   std::optional<int32_t> token_id(std::string_view token) const;  // exact token string -> id
   const std::string& token_text(int32_t id) const;  // raw vocab string; "" for unknown ids
   bool is_special(int32_t id) const;
+  // Whether decode(..., skip_special) leaves this id out: unknown ids always, and with
+  // skip_special, ids whose text is a special token's (as the library matches them).
+  bool decode_drops(int32_t id, bool skip_special) const;
   std::optional<int32_t> bos_id() const;
   std::vector<int32_t> eos_ids() const;
   std::string bos_token() const;  // "" if none

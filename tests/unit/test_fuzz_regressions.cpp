@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -234,4 +235,39 @@ TEST(FuzzRegressions, SliceInsideSubscriptTupleIsASyntaxError) {
   dory::ChatTemplate ok("{{ x[1:] }}{{ x[::2] }}{{ d[1, 2] }}");
   EXPECT_EQ(ok.render(nlohmann::ordered_json{{"x", {1, 2, 3}}, {"d", nlohmann::ordered_json::object()}}),
             "[2, 3][1, 3]");
+}
+
+// fuzz_tokenizer: a vocab token whose text is a special token's is dropped by decode (the
+// library matches special tokens by text), but the stream decoder judged "is it dropped?"
+// by id, so such a token ended a run of byte-fallback tokens early and the stream lost the
+// spaces Metaspace makes of the run's U+2581 bytes. The pieces must add up to decode().
+TEST(FuzzRegressions, StreamDecoderDropsWhatDecodeDrops) {
+  nlohmann::json vocab = {{"<unk>", 0}, {"a", 1}, {"b", 2}, {"<s>", 3}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    vocab[name] = 4 + b;
+  }
+  const nlohmann::json meta = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"},
+                               {"split", true}};
+  const nlohmann::json tj = {
+      {"version", "1.0"},
+      {"added_tokens", {{{"id", 3}, {"content", "<unk>"}, {"single_word", false}, {"lstrip", false},
+                         {"rstrip", false}, {"normalized", false}, {"special", true}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", meta},
+      {"decoder", {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, meta}}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}, {"byte_fallback", true}}}};
+  auto tok = dory::Tokenizer::from_json(tj.dump(), "");
+  ASSERT_TRUE(tok->decode_drops(0, true));  // "<unk>" (id 0) has the special token's text
+  ASSERT_FALSE(tok->is_special(0));         // though the special token is id 3
+  const int32_t e2 = 4 + 0xE2, x96 = 4 + 0x96, x81 = 4 + 0x81;  // U+2581 in UTF-8
+  const std::vector<int32_t> ids = {1, e2, x96, x81, 0, e2, x96, x81, e2, x96, x81, 2, 0};
+  dory::StreamDecoder stream(*tok);
+  std::string streamed;
+  for (int32_t id : ids) streamed += stream.push(id);
+  streamed += stream.flush();
+  const std::string whole = tok->decode(ids, true);
+  EXPECT_EQ(whole, "a   b");
+  EXPECT_EQ(streamed, whole);
 }
