@@ -173,8 +173,18 @@ def run_load(port, pid, args):
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(args.clients)]
     for t in threads:
         t.start()
+    kv = []  # (t, KiB of KV cache capacity, from /metrics), beside the RSS samples
+
+    def kv_kib():
+        try:
+            return metrics(port)["dory_kv_cache_bytes"] / 1024
+        except Exception:  # noqa: BLE001 (a sample lost under load is not a failure)
+            return None
+
     while any(t.is_alive() for t in threads):
-        rss.append((time.time() - t_start, rss_kib(pid)))
+        now = time.time() - t_start
+        rss.append((now, rss_kib(pid)))
+        kv.append((now, kv_kib()))
         for t in threads:
             t.join(timeout=max(0.0, 5.0 / len(threads)))
     wall = time.time() - t_start
@@ -204,6 +214,14 @@ def run_load(port, pid, args):
               (after_warm[0] / 1024, args.warmup, after_warm[-1] / 1024, max(after_warm) / 1024,
                min(after_warm) / 1024))
     print("RSS samples     " + " ".join("%d:%.0f" % (t, k / 1024) for t, k in rss[::max(1, len(rss) // 20)] if k))
+    # The KV caches grow (never shrink) until each slot has held its longest request, so
+    # what must stay flat is the rest: RSS minus the KV capacity the server reports.
+    rest = [(t, r - k) for (t, r), (_, k) in zip(rss, kv) if t >= args.warmup and r and k is not None]
+    if rest:
+        print("RSS - KV        %.1f MiB after warm-up, %.1f MiB at the end, max %.1f MiB, min %.1f MiB" %
+              (rest[0][1] / 1024, rest[-1][1] / 1024, max(r for _, r in rest) / 1024,
+               min(r for _, r in rest) / 1024))
+        print("KV samples      " + " ".join("%d:%.0f" % (t, k / 1024) for t, k in kv[::max(1, len(kv) // 20)] if k is not None))
     print("health after    %d" % status)
     return len(stats.failed) == 0 and status == 200
 

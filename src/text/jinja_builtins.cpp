@@ -694,6 +694,10 @@ std::string format_spec(Interp& in, const Value& v, const std::string& spec) {
   char align = 0, sign = '-', group = 0, type = 0;
   bool alt = false, zero = false;
   int64_t width = 0, prec = -1;
+  // Decimal digits at i, saturating (any value past the limits below is refused anyway).
+  auto number = [&](int64_t& v) {
+    for (; i < c.size() && c[i] >= '0' && c[i] <= '9'; ++i) v = std::min<int64_t>(v * 10 + (c[i] - '0'), 1'000'000'000);
+  };
   auto is_align = [](uint32_t x) { return x == '<' || x == '>' || x == '=' || x == '^'; };
   if (c.size() >= 2 && is_align(c[1])) {
     fill.clear();
@@ -707,13 +711,13 @@ std::string format_spec(Interp& in, const Value& v, const std::string& spec) {
   if (i < c.size() && (c[i] == '+' || c[i] == '-' || c[i] == ' ')) sign = static_cast<char>(c[i++]);
   if (i < c.size() && c[i] == '#') alt = (++i, true);
   if (i < c.size() && c[i] == '0') zero = (++i, true);
-  while (i < c.size() && c[i] >= '0' && c[i] <= '9') width = width * 10 + (c[i++] - '0');
+  number(width);
   if (i < c.size() && (c[i] == ',' || c[i] == '_')) group = static_cast<char>(c[i++]);
   if (i < c.size() && c[i] == '.') {
     ++i;
     prec = 0;
     if (i >= c.size() || c[i] < '0' || c[i] > '9') in.fail("Format specifier missing precision");
-    while (i < c.size() && c[i] >= '0' && c[i] <= '9') prec = prec * 10 + (c[i++] - '0');
+    number(prec);
   }
   if (i < c.size()) type = static_cast<char>(c[i++]);
   if (i != c.size() || width > 100000 || prec > 1000)

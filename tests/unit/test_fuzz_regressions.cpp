@@ -216,6 +216,12 @@ TEST(FuzzRegressions, TemplateIntegerConversionsAreChecked) {
   EXPECT_EQ(r.render(nlohmann::ordered_json::object()),
             "[-9223372036854775807, -4611686018427387903, 1, 4611686018427387905]");
   EXPECT_EQ(template_error("{{ '%d' % 1e18 }}{{ 1e18|int }}"), "");
+  // str.format widths and precisions of any length (the accumulation overflowed int64 past
+  // 19 digits: UBSan, found by fuzz_template after 346k executions).
+  EXPECT_NE(template_error("{{ '{:>" + std::string(40, '7') + "}'.format('x') }}").find("Invalid format specifier"),
+            std::string::npos);
+  EXPECT_NE(template_error("{{ '{:." + std::string(40, '9') + "}'.format(1.5) }}").find("Invalid format specifier"),
+            std::string::npos);
 }
 
 // x[:, 1]: a slice inside a subscript tuple kept an empty object slot, and rendering it
