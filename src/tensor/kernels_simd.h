@@ -4,6 +4,8 @@
 // unit, or the linker could hand AVX-512 code to a CPU without it. For the same
 // reason this file calls no inline function shared with other files.
 #pragma once
+#include <immintrin.h>
+
 #include <cstring>
 
 #include "tensor/kernels.h"
@@ -68,19 +70,22 @@ inline void rows_dot(DType d, const uint8_t* const* rows, const float* x, int64_
   }
 }
 
+// Rows one at a time, asking for the weights kAhead bytes past the row being
+// computed: a task's rows are one contiguous stream, and a steady distance keeps
+// enough lines in flight (4096x2560 BF16 at 2 threads: 26.6 -> 33.8 GB/s against
+// 4 rows at a time with no prefetch; 2-8 KiB within a few %).
 template <class V>
 void matvec_t(const Mat& w, const float* x, float* y, int64_t r0, int64_t r1) {
+  constexpr int64_t kAhead = 4096;
   const int es = w.dtype == DType::F32 ? 4 : 2;
   const auto* base = static_cast<const uint8_t*>(w.data);
   const int64_t stride = w.cols * es;
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) {
-    const uint8_t* rows[4] = {base + r * stride, base + (r + 1) * stride,
-                              base + (r + 2) * stride, base + (r + 3) * stride};
-    rows_dot<V, 4>(w.dtype, rows, x, w.cols, y + (r - r0));
-  }
-  for (; r < r1; ++r) {
+  const uint8_t* end = base + r1 * stride;
+  auto ask = [](const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); };
+  for (int64_t i = 0; i < kAhead && base + r0 * stride + i < end; i += 64) ask(base + r0 * stride + i);
+  for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = base + r * stride;
+    for (int64_t i = 0; i < stride && row + kAhead + i < end; i += 64) ask(row + kAhead + i);
     rows_dot<V, 1>(w.dtype, &row, x, w.cols, y + (r - r0));
   }
 }
