@@ -64,6 +64,11 @@ if [ "$THREADS" != "$(nproc)" ]; then
 else
   STREAM_T=$STREAM_ALL
 fi
+# The bandwidth this machine gives moves with where its cores sit on the host (on the 2-core
+# VM it was built on, runs minutes apart read 40 or 75 GB/s), so every engine run is
+# bracketed by a short read (1 GiB, best of 5, all threads) and its % is against their mean.
+bw() { OMP_NUM_THREADS=$(nproc) OMP_PROC_BIND=spread "$WORK/stream" 1 5 | awk '/^STREAM_BEST_GBS/{print $2}'; }
+declare -A BW
 
 # ---------------------------------------------------------------- dory binary and checkpoint
 DORY="$ROOT/build/dory"
@@ -155,12 +160,14 @@ for ty in $TYPES; do
       say "reusing $df"
     fi
     say "dory bench $ty: -p $PP -n $TG -r $REPS -t $THREADS (load $(load))"
+    b0=$(bw)
     "$DORY" bench -m "$df" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" 2>&1 | tee "$LOGS/dory-$ty.txt" >&2
     # | model | size | params | loops | kv | threads | test | t/s | GB/s |
     pp=$(awk -F'|' -v t="pp$PP" '$8 ~ " "t" " {gsub(/ /,"",$9); print $9}' "$LOGS/dory-$ty.txt")
     tg=$(awk -F'|' -v t="tg$TG" '$8 ~ " "t" " {gsub(/ /,"",$9); print $9}' "$LOGS/dory-$ty.txt")
     gb=$(awk -F'|' -v t="tg$TG" '$8 ~ " "t" " {gsub(/ /,"",$10); print $10}' "$LOGS/dory-$ty.txt")
     ROW["dory,$ty"]="$pp|$tg|$gb"
+    BW["dory,$ty"]="$b0 $(bw)"
   fi
   # (b) llama.cpp
   case "$ty" in q8_0|q4_0) ;; *) continue ;; esac
@@ -175,10 +182,12 @@ for ty in $TYPES; do
     fi
     bytes=$("$PY" "$ROOT/bench/make_llama_gguf.py" "$lf" --type "$ty" --bytes-only | awk '{print $2}')
     say "node-llama-cpp $ty: pp$PP tg$TG x$REPS, $THREADS threads (load $(load))"
+    b0=$(bw)
     if (cd "$NPM_DIR" && node peer_bench.mjs "$lf" "$PP" "$TG" "$REPS" "$THREADS") > "$LOGS/llama-$ty.txt" 2>&1; then
       cat "$LOGS/llama-$ty.txt" >&2
       read -r _ _ ppm pps _ tgm tgs < <(grep '^RESULT' "$LOGS/llama-$ty.txt")
       gb=$(awk -v b="$bytes" -v t="$tgm" 'BEGIN{printf "%.2f", b*t/1e9}')
+      BW["llama,$ty"]="$b0 $(bw)"
       ROW["llama,$ty"]="$(printf '%.2f±%.2f' "$ppm" "$pps")|$(printf '%.2f±%.2f' "$tgm" "$tgs")|$gb"
     else
       cat "$LOGS/llama-$ty.txt" >&2
@@ -190,18 +199,20 @@ done
 
 # ---------------------------------------------------------------- table
 echo
-echo "memory read bandwidth (bench/stream.c, best of 10): $STREAM_ALL GB/s with $(nproc) threads (all); $STREAM_T GB/s with $THREADS"
+STREAM_END=$(bw)
+echo "memory read bandwidth (bench/stream.c): at the start $STREAM_ALL GB/s with $(nproc) threads (2 GiB, best of 10), $STREAM_T GB/s with $THREADS; at the end $STREAM_END GB/s (1 GiB, best of 5)"
 echo "load average at the end: $(load)"
 echo
-echo "| engine | type | threads | pp$PP t/s | tg$TG t/s | tg GB/s | % of read BW ($STREAM_ALL GB/s) |"
-echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+echo "| engine | type | threads | pp$PP t/s | tg$TG t/s | tg GB/s | read BW before/after, GB/s | % of read BW |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 for ty in $TYPES; do
   for eng in dory llama; do
     v="${ROW[$eng,$ty]:-}"
     [ -n "$v" ] || continue
     IFS='|' read -r pp tg gb <<<"$v"
-    pct=$(awk -v g="$gb" -v s="$STREAM_ALL" 'BEGIN{ if (g+0 > 0) printf "%.0f%%", 100*g/s; else print "-" }')
+    read -r b0 b1 <<<"${BW[$eng,$ty]:-0 0}"
+    pct=$(awk -v g="$gb" -v a="$b0" -v b="$b1" 'BEGIN{ if (g+0 > 0 && a+b > 0) printf "%.0f%%", 200*g/(a+b); else print "-" }')
     name=$([ "$eng" = dory ] && echo "dory.cpp" || echo "llama.cpp (node-llama-cpp $NLC_VERSION)")
-    echo "| $name | $ty | $THREADS | $pp | $tg | $gb | $pct |"
+    echo "| $name | $ty | $THREADS | $pp | $tg | $gb | $(printf '%.1f / %.1f' "$b0" "$b1") | $pct |"
   done
 done

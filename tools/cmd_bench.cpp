@@ -2,6 +2,7 @@
 // repetitions, like llama-bench, plus the weight bytes decode streams.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -48,13 +49,16 @@ int run_bench(const BenchOpts& o) {
 
   std::fprintf(stderr, "loaded %s in %.2f s; kernels: %s; %d threads\n", model->path().c_str(),
                load_s, kern::kernels().name, threads);
+  uint64_t kv_max = 0;  // the largest KV cache of any run, for the memory line
   auto pp_once = [&] {
     Session s(model, pool, o.run.session());
     std::vector<int32_t> ids(o.n_prompt);
     for (auto& id : ids) id = tok(rng);
     const auto t0 = Clock::now();
     s.forward(ids, Logits::Last);
-    return o.n_prompt / seconds_since(t0);
+    const double tps = o.n_prompt / seconds_since(t0);
+    kv_max = std::max(kv_max, s.kv_bytes());
+    return tps;
   };
   auto tg_once = [&] {
     Session s(model, pool, o.run.session());
@@ -63,7 +67,9 @@ int run_bench(const BenchOpts& o) {
       int32_t id = tok(rng);
       s.forward({&id, 1}, Logits::Last);
     }
-    return o.n_gen / seconds_since(t0);
+    const double tps = o.n_gen / seconds_since(t0);
+    kv_max = std::max(kv_max, s.kv_bytes());
+    return tps;
   };
 
   // The model's weight type: the dtype holding the most elements.
@@ -114,8 +120,12 @@ int run_bench(const BenchOpts& o) {
     }
     std::fclose(f);
   }
-  std::fprintf(stderr, "peak RSS %s; now %s allocated (RssAnon) + %s mapped weights (RssFile)\n",
-               human_bytes(static_cast<uint64_t>(ru.ru_maxrss) * 1024).c_str(), anon.c_str(),
+  const uint64_t peak = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  std::fprintf(stderr,
+               "peak RSS %s = %.3f x (file %s + KV cache %s, the largest of the runs); now %s "
+               "allocated (RssAnon) + %s mapped weights (RssFile)\n",
+               human_bytes(peak).c_str(), double(peak) / double(model->file_bytes() + kv_max),
+               human_bytes(model->file_bytes()).c_str(), human_bytes(kv_max).c_str(), anon.c_str(),
                file.c_str());
   return 0;
 }

@@ -31,24 +31,39 @@ void ThreadPool::work_on_current() {
   }
 }
 
+namespace {
+// ~0.1 ms of pause instructions (a pause is 20-140 cycles depending on the core).
+constexpr int kSpins = 4000;
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+
 void ThreadPool::worker() {
   uint64_t seen = 0;
   for (;;) {
+    for (int i = 0; i < kSpins && generation_.load(std::memory_order_acquire) == seen; ++i) cpu_relax();
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_start_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      if (!stop_ && generation_.load() == seen) {
+        ++sleepers_;
+        cv_start_.wait(lk, [&] { return stop_ || generation_.load() != seen; });
+        --sleepers_;
+      }
       if (stop_) return;
-      seen = generation_;
+      seen = generation_.load();
       // Woke after that run already finished: nothing to do. Registering as
       // busy only while fn_ is set keeps the job fields stable for the worker
-      // (run() waits for busy_workers_ == 0 before it returns).
+      // (run() clears fn_ under the lock only once busy_workers_ == 0).
       if (fn_ == nullptr) continue;
-      ++busy_workers_;
+      busy_workers_.fetch_add(1);
     }
     work_on_current();
     {
       std::lock_guard<std::mutex> lk(mu_);
-      --busy_workers_;
+      busy_workers_.fetch_sub(1);
     }
     cv_done_.notify_one();
   }
@@ -60,19 +75,23 @@ void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
     for (int64_t t = 0; t < n_tasks; ++t) fn(t);
     return;
   }
+  bool wake;
   {
     std::lock_guard<std::mutex> lk(mu_);
     fn_ = &fn;
     n_tasks_ = n_tasks;
     next_.store(0);
     done_.store(0);
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
+    wake = sleepers_ > 0;
   }
-  cv_start_.notify_all();
+  if (wake) cv_start_.notify_all();
   work_on_current();
   // Wait until all tasks finished and no worker still touches fn_/n_tasks_.
+  auto finished = [&] { return done_.load() == n_tasks_ && busy_workers_.load() == 0; };
+  for (int i = 0; i < kSpins && !finished(); ++i) cpu_relax();
   std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [&] { return done_.load() == n_tasks_ && busy_workers_ == 0; });
+  cv_done_.wait(lk, finished);
   fn_ = nullptr;
 }
 
