@@ -50,6 +50,9 @@ int run_bench(const BenchOpts& o) {
   std::fprintf(stderr, "loaded %s in %.2f s; kernels: %s; %d threads\n", model->path().c_str(),
                load_s, kern::kernels().name, threads);
   uint64_t kv_max = 0;  // the largest KV cache of any run, for the memory line
+  KvBytes kv_split{};   // of that run
+  GateStats gates{};    // summed over the tg runs
+  std::string gate_name;
   auto pp_once = [&] {
     Session s(model, pool, o.run.session());
     std::vector<int32_t> ids(o.n_prompt);
@@ -57,7 +60,7 @@ int run_bench(const BenchOpts& o) {
     const auto t0 = Clock::now();
     s.forward(ids, Logits::Last);
     const double tps = o.n_prompt / seconds_since(t0);
-    kv_max = std::max(kv_max, s.kv_bytes());
+    if (s.kv_bytes() > kv_max) kv_max = s.kv_bytes(), kv_split = s.kv_bytes_split();
     return tps;
   };
   auto tg_once = [&] {
@@ -68,7 +71,10 @@ int run_bench(const BenchOpts& o) {
       s.forward({&id, 1}, Logits::Last);
     }
     const double tps = o.n_gen / seconds_since(t0);
-    kv_max = std::max(kv_max, s.kv_bytes());
+    if (s.kv_bytes() > kv_max) kv_max = s.kv_bytes(), kv_split = s.kv_bytes_split();
+    const GateStats g = s.gate_stats();
+    gates.gated += g.gated, gates.one_pass += g.one_pass, gates.readouts += g.readouts, gates.probes += g.probes;
+    gate_name = s.gate().str();
     return tps;
   };
 
@@ -85,7 +91,10 @@ int run_bench(const BenchOpts& o) {
   auto row = [&](const char* kind, int n, const std::vector<double>& tps, bool gbs) {
     auto [m, sd] = mean_sd(tps);
     char gb[32] = "-";
-    if (gbs) std::snprintf(gb, sizeof gb, "%.2f", m * bytes_tok / 1e9);
+    // Tokens the gate let out after one pass read the recurrent block once.
+    const double one = gates.one_pass_share();
+    const double btok = loops > 1 ? bytes_tok - one * double(bytes_tok - model->bytes_per_token(1)) : bytes_tok;
+    if (gbs) std::snprintf(gb, sizeof gb, "%.2f", m * btok / 1e9);
     std::printf("| dory %.2fB %s | %s | %.3f B | %d | %s | %d | %s%d | %.2f ± %.2f | %s |\n",
                 model->n_params() / 1e9, wtype.c_str(),
                 human_bytes(model->file_bytes()).c_str(), model->n_params() / 1e9, loops,
@@ -106,6 +115,13 @@ int run_bench(const BenchOpts& o) {
     for (int r = 0; r < o.reps; ++r) v.push_back(tg_once());
     row("tg", o.n_gen, v, true);
   }
+  if (gates.gated > 0)
+    std::fprintf(stderr, "gate %s: %lld tokens gated, %.1f%% left after one pass (read-outs %lld, probes %lld)\n",
+                 gate_name.c_str(), (long long)gates.gated, 100.0 * gates.one_pass_share(),
+                 (long long)gates.readouts, (long long)gates.probes);
+  if (kv_split.far > 0)
+    std::fprintf(stderr, "kv cache: %s exact + %s far field (o1 %s)\n", human_bytes(kv_split.exact).c_str(),
+                 human_bytes(kv_split.far).c_str(), probe.o1().str().c_str());
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   // Weights are memory-mapped: their file pages count in RSS once touched, but

@@ -33,11 +33,13 @@ int run_run(const RunCmdOpts& o) {
   ThreadPool pool(o.run.n_threads());
   TextSession ts(m.model, pool, o.run.session(), *m.tok);
   Sampler sampler(o.gen.sampling());
+  const Session& ss = ts.session();
   if (o.verbose)
-    std::fprintf(stderr, "model %s | %d threads | loops %d | kv %s | seed %llu | prompt %zu tokens\n",
-                 m.model->path().c_str(), pool.size(), ts.session().loops(),
-                 kv_mode_name(ts.session().kv_mode()), (unsigned long long)sampler.seed(),
-                 ids.size());
+    std::fprintf(stderr,
+                 "model %s | %d threads | loops %d | kv %s | prompt loops %d | gate %s | o1 %s | seed %llu | "
+                 "prompt %zu tokens\n",
+                 m.model->path().c_str(), pool.size(), ss.loops(), kv_mode_name(ss.kv_mode()), ss.prompt_loops(),
+                 ss.gate().str().c_str(), ss.o1().str().c_str(), (unsigned long long)sampler.seed(), ids.size());
 
   ProgressLine progress("prompt");
   const PrefillStats pf = ts.prefill(ids, [&](int64_t d, int64_t t) { progress.update(d, t); });
@@ -53,6 +55,12 @@ int run_run(const RunCmdOpts& o) {
                (long long)pf.fed, pf.seconds, pf.seconds > 0 ? pf.fed / pf.seconds : 0.0,
                (long long)gs.tokens, gs.seconds, gs.seconds > 0 ? gs.tokens / gs.seconds : 0.0,
                gs.stop_reason.c_str());
+  if (o.verbose) {
+    if (const std::string g = gate_summary(ts.session()); !g.empty()) std::fprintf(stderr, "%s\n", g.c_str());
+    const KvBytes kb = ts.session().kv_bytes_split();
+    std::fprintf(stderr, "kv cache: %s exact + %s far field\n", human_bytes(kb.exact).c_str(),
+                 human_bytes(kb.far).c_str());
+  }
   return 0;
 }
 }  // namespace

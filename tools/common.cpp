@@ -49,6 +49,19 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
   app->add_option("--chunk", o.chunk, "prompt rows per batched forward")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  app->add_option("--prompt-loops", o.prompt_loops,
+                  "last_loop: passes for prompt chunks whose logits nobody reads, 0 = all of --loops "
+                  "(default: 1 on a turbo model file, else 0)")
+      ->check(CLI::Range(0, 16));
+  app->add_option("--gate", o.gate,
+                  "early exit after one pass (last_loop): conf:THETA | recon[:BIAS] | auto | off "
+                  "(default: recon on a turbo model file, else off)");
+  app->add_option("--o1", o.o1,
+                  "O(1) far field for the full-attention layers: m,w,sink,seal (e.g. 32,128,4,1024) | off "
+                  "(default: the model file's, else off)");
+  app->add_option("--o1-rectify", o.rectify,
+                  "far field rectifier: aggregate (drop a negative far part) or clamp (clamp its weights at 0)")
+      ->check(CLI::IsMember({"aggregate", "clamp"}));
 }
 
 SessionOptions RunOpts::session() const {
@@ -56,7 +69,28 @@ SessionOptions RunOpts::session() const {
   s.loops = loops;
   if (!kv.empty()) s.kv = parse_kv_mode(kv);
   s.chunk = chunk;
+  if (prompt_loops >= 0) s.prompt_loops = prompt_loops;
+  if (!gate.empty()) s.gate = parse_gate(gate);
+  if (!o1.empty()) s.o1 = parse_o1(o1);
+  if (!rectify.empty()) {
+    if (!s.o1) throw Error("--o1-rectify needs --o1 m,w,sink,seal");
+    s.o1->clamp = rectify == "clamp";
+  }
   return s;
+}
+
+std::string gate_summary(const Session& s) {
+  if (s.gate().kind == GateParams::Kind::Off) return "";
+  const GateStats g = s.gate_stats();
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "gate %s: %lld tokens gated, %.1f%% left after one pass", s.gate().str().c_str(),
+                (long long)g.gated, 100.0 * g.one_pass_share());
+  std::string out = buf;
+  if (s.gate().kind == GateParams::Kind::Conf) {
+    std::snprintf(buf, sizeof buf, " (read-outs %lld, probes %lld)", (long long)g.readouts, (long long)g.probes);
+    out += buf;
+  }
+  return out;
 }
 
 int RunOpts::n_threads() const { return threads > 0 ? threads : ThreadPool::default_threads(); }

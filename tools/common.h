@@ -18,6 +18,10 @@ struct RunOpts {
   int loops = 0;    // 0 = the model's
   std::string kv;   // "" = the model's
   int chunk = 64;
+  int prompt_loops = -1;  // -1 = the model file's
+  std::string gate;       // "" = the model file's
+  std::string o1;         // "" = the model file's
+  std::string rectify;    // "" = aggregate
   SessionOptions session() const;
   int n_threads() const;
   std::string model_path() const;  // model, or the built-in one
@@ -60,5 +64,8 @@ class ProgressLine {
 
 std::vector<int32_t> parse_ids(const std::string& s);  // "1,2,3"
 std::string human_bytes(uint64_t b);
+// "gate conf:0.7: 40 tokens gated, 35.0% left after one pass (readouts 40, probes 0)", or ""
+// when the session has no gate.
+std::string gate_summary(const Session& s);
 
 }  // namespace dory::cli

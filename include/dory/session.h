@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dory/model.h"
@@ -13,14 +14,64 @@ namespace dory {
 
 class ThreadPool;
 struct SessionState;
+struct ChunkArgs;
 
 enum class Logits { None, Last, All };
 
+// Early exit (SPEC section 4): after the first recurrent pass a decode token
+// either leaves (its logits from one pass) or takes the remaining passes.
+struct GateParams {
+  enum class Kind { Off, Conf, Recon, Auto };
+  Kind kind = Kind::Off;
+  double theta = 0.7;          // conf: exit when the top probability >= theta
+  std::optional<double> bias;  // recon: one pass when score >= bias (default: the model file's, else 0)
+  std::string str() const;     // as parse_gate reads it
+};
+// "off" | "conf:THETA" | "recon" | "recon:BIAS" | "auto"; throws Error naming --gate.
+GateParams parse_gate(const std::string& s);
+
+// The O(1) far field of the full-attention layers (SPEC section 5).
+struct O1Params {
+  bool on = false;
+  int m = 32;           // landmarks (at most)
+  int w = 128;          // exact recent rows
+  int sink = 4;         // exact first rows
+  int64_t seal = 1024;  // rows a slot holds exactly before it seals
+  bool clamp = false;   // rectifier: false = "aggregate" (drop a negative far part), true = clamp u at 0
+  void validate() const;    // throws Error unless the numbers fit together
+  std::string str() const;  // "off" or "m,w,sink,seal"
+};
+// "off" or "m,w,sink,seal" (e.g. "32,128,4,1024"); throws Error naming --o1.
+O1Params parse_o1(const std::string& s);
+
+// Every optional field left empty takes the model file's default (a "turbo"
+// file, SPEC section 7), else the plain model's behaviour.
 struct SessionOptions {
   int loops = 0;                  // recurrent passes per token, 1..16; 0 = the config's
-  std::optional<KvMode> kv;       // default: the config's recurrent_kv_cache_mode
+  std::optional<KvMode> kv;       // default: the turbo file's last_loop, else the config's mode
   int chunk = 64;                 // prompt rows per batched forward
   int64_t rewind_margin = 256;    // rows a sliding layer keeps beyond its window
+  // last_loop: a prompt chunk whose logits nobody reads runs min(loops, prompt_loops)
+  // passes (SPEC section 3); 0 = off.
+  std::optional<int> prompt_loops;
+  std::optional<GateParams> gate;
+  std::optional<O1Params> o1;
+};
+
+// What the early-exit gate did (tokens that reached it, and how they went).
+struct GateStats {
+  int64_t gated = 0;     // decode tokens that came to the gate
+  int64_t one_pass = 0;  // of them, left after one pass
+  int64_t readouts = 0;  // conf: read-outs after pass 1 (the tracker skips some)
+  int64_t probes = 0;    // conf: read-outs made while the tracker was skipping
+  double one_pass_share() const { return gated ? double(one_pass) / double(gated) : 0.0; }
+};
+
+// Where the KV memory is: exact rows (windows, unsealed full slots, kept query
+// rows) and the far fields' constant state.
+struct KvBytes {
+  uint64_t exact = 0, far = 0;
+  uint64_t total() const { return exact + far; }
 };
 
 class Session;
@@ -63,9 +114,19 @@ class Session {
   void set_loops(int loops);  // 1..16, from the next forward on
   KvMode kv_mode() const;
   uint64_t kv_bytes() const;
+  KvBytes kv_bytes_split() const;
+  // The settings in force (options resolved against the model file's defaults).
+  const GateParams& gate() const;
+  const O1Params& o1() const;
+  int prompt_loops() const;
+  GateStats gate_stats() const;
+  // Recurrent passes each position of the last forward() ran (for the tests and
+  // --verbose: the gate and prompt_loops change it).
+  const std::vector<int>& last_passes() const;
   const Model& model() const { return *model_; }
 
  private:
+  int gated_token(const ChunkArgs& a, float* logits);  // returns the passes it ran
   std::shared_ptr<const Model> model_;
   ThreadPool& pool_;
   std::unique_ptr<SessionState> st_;

@@ -7,12 +7,13 @@ straight from the formulas, and computes everything in float64.
 Library:
     import dory_ref
     logits = dory_ref.run(model_dir, ids, loops=None, kv=None, chunk=None,
-                          chunks=None, loops_per_chunk=None)   # [len(ids), V] float64
+                          chunks=None, loops_per_chunk=None,
+                          o1=None)   # [len(ids), V] float64; o1 = (m, w, sink, seal)
 
 CLI:
     /usr/bin/python3 scripts/reference/dory_ref.py --model DIR --ids 1,2,3
         [--loops N] [--kv per_loop|last_loop] [--chunk K | --chunks 3,1,4]
-        [--loops-per-chunk 2,1,2] -o OUT.npy
+        [--loops-per-chunk 2,1,2] [--o1 m,w,sink,seal [--o1-clamp]] -o OUT.npy
 
 Defaults: loops = config n_recurrent_loops; kv = config recurrent_kv_cache_mode
 (itself "per_loop" when absent); one chunk holding the whole sequence.
@@ -222,6 +223,98 @@ class Cache:
         self.v = np.full((total, nk, hd), np.nan)
 
 
+def ridge_pinv(A, lam0=1e-6):
+    """(A^T A + lam I)^-1 A^T, lam = lam0 * mean diag(A^T A), x10 until Cholesky works."""
+    G = A.T @ A
+    md = np.trace(G) / G.shape[0]
+    lam = lam0 * md
+    while lam <= 1e6 * md:
+        try:
+            L = np.linalg.cholesky(G + lam * np.eye(G.shape[0]))
+        except np.linalg.LinAlgError:
+            lam *= 10
+            continue
+        return np.linalg.solve(L.T, np.linalg.solve(L, A.T))
+    raise ValueError("no ridge inverse")
+
+
+class FarField:
+    """SPEC section 5 for one full-attention slot, written from the formulas."""
+
+    def __init__(self, o1, nh, nk, hd):
+        self.m_max, self.w, self.sink, self.seal, self.clamp = o1
+        self.nh, self.nk, self.hd = nh, nk, hd
+        self.group = nh // nk
+
+    def build(self, t, K, V, Q):
+        """Seal over rows [0, t) of K, V [*, nk, hd] and queries Q [*, nh, hd]."""
+        sink, w = self.sink, self.w
+        self.pk, self.pv = K[:sink].copy(), V[:sink].copy()
+        L = t - sink
+        m = int(min(max(t // 8, 4), self.m_max))
+        m = min(m, L)
+        self.m = m
+        b = [sink + s * L // m for s in range(m + 1)]
+        self.kt = np.stack([K[b[s]:b[s + 1]].mean(axis=0) for s in range(m)], axis=1)  # [nk, m, hd]
+        self.qt = np.stack([Q[b[s]:b[s + 1]].mean(axis=0) for s in range(m)], axis=1)  # [nh, m, hd]
+        self.M, self.shift = [], []
+        for h in range(self.nh):
+            A = self.qt[h] @ self.kt[h // self.group].T / math.sqrt(self.hd)
+            s_h = A.max()
+            self.M.append(ridge_pinv(np.exp(A - s_h)))
+            self.shift.append(s_h)
+        self.T = np.zeros((self.nh, m, self.hd))
+        self.Z = np.zeros((self.nh, m))
+        self.mx = np.full((self.nh, m), -np.inf)
+        self.F = sink
+        for j in range(sink, t - w):
+            self.insert(K[j], V[j])
+
+    def insert(self, k, v):
+        for h in range(self.nh):
+            g = h // self.group
+            s = self.qt[h] @ k[g] / math.sqrt(self.hd)       # [m]
+            up = s > self.mx[h]
+            r = np.where(up, np.exp(np.where(up, self.mx[h] - s, 0.0)), 1.0)
+            self.T[h] *= r[:, None]
+            self.Z[h] *= r
+            self.mx[h] = np.maximum(self.mx[h], s)
+            e = np.exp(s - self.mx[h])
+            self.T[h] += e[:, None] * v[g][None, :]
+            self.Z[h] += e
+        self.F += 1
+
+    def attend(self, h, q, p, K, V):
+        """Head h's output for query q at position p; K, V hold the window rows by position."""
+        g = h // self.group
+        d = math.sqrt(self.hd)
+        near_k = np.concatenate([self.pk[:, g], K[self.F:p + 1, g]])
+        near_v = np.concatenate([self.pv[:, g], V[self.F:p + 1, g]])
+        sc = near_k @ q / d
+        c = sc.max()
+        a = self.kt[g] @ q / d
+        f = a.max()
+        u = np.exp(a - f) @ self.M[h]
+        if self.clamp:
+            u = np.maximum(u, 0.0)
+        live = self.Z[h] > 0
+        ex = np.where(live, f + self.mx[h] - self.shift[h], -np.inf)
+        if live.any():
+            cand = ex[live & (u != 0)]
+            if cand.size:
+                c = max(c, cand.max())
+        e = np.exp(sc - c)
+        num = e @ near_v
+        den = e.sum()
+        if live.any():
+            gb = np.where(live, u * np.exp(np.where(live, ex - c, 0.0)), 0.0)
+            fden = gb @ self.Z[h]
+            if fden > 0:
+                num = num + gb @ self.T[h]
+                den = den + fden
+        return num / den
+
+
 class Model:
     def __init__(self, model_dir):
         self.cfg = Config(model_dir)
@@ -281,6 +374,10 @@ class Model:
         q = sqk.reshape(c.nh, c.hd) * n(q)                                # per head
         k = n(k)
 
+        o1 = getattr(cache, "o1", None)
+        if o1 is not None and c.pattern[i] == "*":
+            return self._attention_o1(i, q, k, v, g, pos, cache)
+
         cache.k[pos] = k
         cache.v[pos] = v
         end = pos[-1] + 1
@@ -305,6 +402,52 @@ class Model:
         y = n(y)                                                          # whole nh*hd row
         return y @ w[p + "o_proj.weight"].T
 
+    def _gate_out(self, i, y, g):
+        c, w, p = self.cfg, self.w, "backbone.layers.%d.mixer." % i
+        s_gate = (w[p + "s_gate"] * math.sqrt(c.g0) / c.sigma) ** 2
+        y = y * sigmoid(g * s_gate)
+        y = n(y)
+        return y @ w[p + "o_proj.weight"].T
+
+    def _attention_o1(self, i, q, k, v, g, pos, cache):
+        """A full layer with the far field: exact until the seal, then SPEC section 5.
+
+        At the start of a chunk the rows before it are final: seal over them once
+        pos[0] >= seal, else fold those that left the window into the far field.
+        """
+        c = self.cfg
+        m, w, sink, seal, clamp = cache.o1
+        start = pos[0]
+        if cache.far is None and start >= seal and start > w + sink + 8:
+            cache.far = FarField(cache.o1, c.nh, c.nk, c.hd)
+            cache.far.build(start, cache.k[:start], cache.v[:start], cache.q[:start])
+        if cache.far is not None:
+            while cache.far.F < start - w:
+                j = cache.far.F
+                cache.far.insert(cache.k[j], cache.v[j])
+        cache.k[pos] = k
+        cache.v[pos] = v
+        cache.q[pos] = q
+        t = len(pos)
+        if cache.far is None:
+            end = pos[-1] + 1
+            group = c.nh // c.nk
+            kv_of_head = np.arange(c.nh) // group
+            Kh, Vh = cache.k[:end][:, kv_of_head], cache.v[:end][:, kv_of_head]
+            scores = np.einsum("thd,shd->hts", q, Kh) / math.sqrt(c.hd)
+            visible = np.arange(end)[None, :] <= pos[:, None]
+            scores = np.where(visible[None], scores, -np.inf)
+            probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            probs /= probs.sum(axis=-1, keepdims=True)
+            y = np.einsum("hts,shd->thd", probs, Vh).reshape(t, c.nh * c.hd)
+        else:
+            y = np.zeros((t, c.nh, c.hd))
+            for r in range(t):
+                for h in range(c.nh):
+                    y[r, h] = cache.far.attend(h, q[r, h], pos[r], cache.k, cache.v)
+            y = y.reshape(t, c.nh * c.hd)
+        return self._gate_out(i, y, g)
+
     def mlp(self, i, x):
         c, w, p = self.cfg, self.w, "backbone.layers.%d.mixer." % i
         g = (x @ w[p + "gate_proj.weight"].T) * (w[p + "suv_gate"] * math.sqrt(c.H))
@@ -326,7 +469,7 @@ class Model:
 
     # -- the loop stack and the chunk schedule ------------------------------
 
-    def forward(self, ids, loops=None, kv=None, chunks=None, loops_per_chunk=None):
+    def forward(self, ids, loops=None, kv=None, chunks=None, loops_per_chunk=None, o1=None):
         c = self.cfg
         ids = np.asarray(ids, dtype=np.int64)
         total = len(ids)
@@ -362,6 +505,10 @@ class Model:
             key = (i, loop if kv == "per_loop" else 0)
             if key not in caches:
                 caches[key] = Cache(total, c.nk, c.hd)
+                if o1 is not None and c.pattern[i] == "*":
+                    caches[key].o1 = tuple(o1)
+                    caches[key].q = np.full((total, c.nh, c.hd), np.nan)
+                    caches[key].far = None
             return caches[key]
 
         rec = range(c.n_in, c.n_in + c.n_rec)
@@ -409,13 +556,14 @@ def chunk_sizes(total, chunk):
     return [min(chunk, total - s) for s in range(0, total, chunk)]
 
 
-def run(model_dir, ids, loops=None, kv=None, chunk=None, chunks=None, loops_per_chunk=None):
+def run(model_dir, ids, loops=None, kv=None, chunk=None, chunks=None, loops_per_chunk=None, o1=None):
     """Logits for every position of `ids`, float64 [len(ids), V].
 
     loops: recurrent passes (default: config n_recurrent_loops).
     kv: "per_loop" or "last_loop" (default: config recurrent_kv_cache_mode).
     chunk: cut into chunks of this many rows; chunks: explicit chunk sizes.
     loops_per_chunk: a loop count per chunk (last_loop only).
+    o1: (m, w, sink, seal, clamp) for the far field of the full layers (SPEC section 5).
     """
     if chunk is not None and chunks is not None:
         raise ValueError("give chunk or chunks, not both")
@@ -425,7 +573,7 @@ def run(model_dir, ids, loops=None, kv=None, chunk=None, chunks=None, loops_per_
             raise ValueError("chunk must be >= 1")
         chunks = chunk_sizes(len(ids), int(chunk))
     return load(model_dir).forward(ids, loops=loops, kv=kv, chunks=chunks,
-                                   loops_per_chunk=loops_per_chunk)
+                                   loops_per_chunk=loops_per_chunk, o1=o1)
 
 
 def _int_list(s):
@@ -442,6 +590,8 @@ def main(argv=None):
     g.add_argument("--chunk", type=int, default=None, help="chunk size (last chunk shorter)")
     g.add_argument("--chunks", type=_int_list, default=None, help="explicit chunk sizes")
     ap.add_argument("--loops-per-chunk", type=_int_list, default=None)
+    ap.add_argument("--o1", type=_int_list, default=None, help="far field m,w,sink,seal")
+    ap.add_argument("--o1-clamp", action="store_true", help="clamp rectifier instead of aggregate")
     ap.add_argument("-o", "--out", required=True, help="output .npy (float64 [n_ids, V])")
     a = ap.parse_args(argv)
     kv = a.kv
@@ -450,8 +600,9 @@ def main(argv=None):
         if mode != "last_loop":
             ap.error("--loops-per-chunk needs --kv last_loop (per_loop caches would get holes)")
     try:
+        o1 = None if a.o1 is None else tuple(a.o1) + (a.o1_clamp,)
         logits = run(a.model, a.ids, loops=a.loops, kv=kv, chunk=a.chunk, chunks=a.chunks,
-                     loops_per_chunk=a.loops_per_chunk)
+                     loops_per_chunk=a.loops_per_chunk, o1=o1)
     except ValueError as e:
         ap.exit(2, "dory_ref: error: %s\n" % e)
     np.save(a.out, logits)

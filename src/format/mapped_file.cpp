@@ -48,4 +48,12 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
+void write_text_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw Error(path + ": cannot open for writing: " + std::strerror(errno));
+  f << text;
+  f.flush();
+  if (!f) throw Error(path + ": write error");
+}
+
 }  // namespace dory

@@ -25,5 +25,6 @@ class MappedFile {
 };
 
 std::string read_text_file(const std::string& path);  // throws Error
+void write_text_file(const std::string& path, const std::string& text);  // throws Error
 
 }  // namespace dory

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/far_field.h"
 #include "model/forward_cpu.h"
 #include "model/ops.h"
 
@@ -70,6 +71,8 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
       const float* qs = L.q_scale.data() + h * hd;
       for (int64_t d = 0; d < hd; ++d) qh[d] *= qs[d];
     }
+    // A full slot waiting for its far-field seal keeps the queries for the landmarks.
+    if (cache.keeps_q()) std::copy_n(s.q.data() + t * QW, QW, cache.q(p));
     float* kc = cache.k(p);
     float* vc = cache.v(p);
     for (int64_t h = 0; h < nk; ++h) {
@@ -91,6 +94,13 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
     const KvCache& cache = *caches[a.sequence(t)];
     const int64_t lo = sliding ? std::max<int64_t>(0, p - c.swa_window + 1) : 0;
     const float* qh = s.q.data() + t * QW + h * hd;
+    float* out = s.att.data() + t * QW + h * hd;
+    if (!sliding && cache.far()) {
+      // Sealed full slot: exact over the pinned rows and the window, Nystrom over the rest.
+      cache.far()->attend(h, qh, p, [&](int64_t j) { return cache.k(j); }, [&](int64_t j) { return cache.v(j); },
+                          out);
+      return;
+    }
     std::vector<float> sc(p - lo + 1);
     float mx = -INFINITY;
     for (int64_t j = lo; j <= p; ++j) {
@@ -103,7 +113,6 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
       v = std::exp(v - mx);
       sum += v;
     }
-    float* out = s.att.data() + t * QW + h * hd;
     std::fill_n(out, hd, 0.0f);
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t j = lo; j <= p; ++j) kk.axpy(sc[j - lo] * inv, cache.v(j) + kvh * hd, out, hd);

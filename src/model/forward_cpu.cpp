@@ -76,15 +76,26 @@ void begin_chunk(const Weights& w, Scratch& s, const ChunkArgs& a) {
 
 }  // namespace
 
-void forward_chunk(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
-                   const std::vector<Step>& plan, const CacheFor& cache_for, int64_t logit_row0,
-                   float* logits) {
-  const int64_t H = w.cfg.hidden;
-  begin_chunk(w, s, a);
+void forward_begin(const Weights& w, Scratch& s, const ChunkArgs& a) { begin_chunk(w, s, a); }
+
+void forward_steps(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
+                   const std::vector<Step>& plan, const CacheFor& cache_for) {
   run_plan(w, pool, s, a, plan, [&](const LayerWeights& L, const Step& st) {
     attention_layer(w, L, pool, s, a, cache_for(st.layer, st.loop));
   });
-  head(w, pool, s.x.data() + logit_row0 * H, a.T - logit_row0, logits);
+}
+
+void forward_head(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a, int64_t logit_row0,
+                  float* logits) {
+  head(w, pool, s.x.data() + logit_row0 * w.cfg.hidden, a.T - logit_row0, logits);
+}
+
+void forward_chunk(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
+                   const std::vector<Step>& plan, const CacheFor& cache_for, int64_t logit_row0,
+                   float* logits) {
+  forward_begin(w, s, a);
+  forward_steps(w, pool, s, a, plan, cache_for);
+  forward_head(w, pool, s, a, logit_row0, logits);
 }
 
 void forward_rows(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a, int n_seq,

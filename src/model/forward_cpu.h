@@ -57,6 +57,15 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
 void mlp_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, Scratch& s,
                const ChunkArgs& a);
 
+// The pieces of forward_chunk, for callers that decide between steps (the
+// early-exit gate): the chunk's scratch, RoPE tables and embeddings; a run of
+// plan steps on the rows in s.x; the head on the rows from logit_row0 on.
+void forward_begin(const Weights& w, Scratch& s, const ChunkArgs& a);
+void forward_steps(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
+                   const std::vector<Step>& plan, const CacheFor& cache_for);
+void forward_head(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a, int64_t logit_row0,
+                  float* logits);
+
 // Runs the whole plan on one chunk. Writes logits of rows [logit_row0, T) to
 // `logits` ([T - logit_row0] x V); logit_row0 == T means none.
 void forward_chunk(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,

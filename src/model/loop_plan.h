@@ -13,6 +13,9 @@ struct Step {
   int loop = 0;    // recurrent pass index; 0 outside the recurrent block
 };
 
-std::vector<Step> build_plan(const DoryConfig& c, int loops);
+// The input block (if input), recurrent passes [first_loop, loops), the output
+// block (if output). build_plan(c, loops) is a whole token.
+std::vector<Step> build_plan(const DoryConfig& c, int loops, int first_loop = 0, bool input = true,
+                             bool output = true);
 
 }  // namespace dory

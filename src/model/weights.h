@@ -4,8 +4,10 @@
 #include <vector>
 
 #include "dory/model.h"
+#include "dory/session.h"
 #include "format/gguf.h"
 #include "format/safetensors.h"
+#include "model/gate.h"
 #include "tensor/kernels.h"
 
 namespace dory {
@@ -27,8 +29,20 @@ struct LayerWeights {
   std::vector<float> alpha;
 };
 
+// Defaults and fitted tensors a "turbo" model file carries (SPEC section 7),
+// each used unless a flag says otherwise.
+struct Turbo {
+  bool present = false;               // the file has any turbo key
+  std::optional<O1Params> o1;         // dory.turbo.o1 = [m, w, sink, seal]
+  std::optional<int64_t> exact_budget;
+  Router router;                      // empty() when the file has none
+  // Exact-row weights [n full layers x n_kv_head x 2] (key residual, value norm).
+  std::vector<float> exact_weights;
+};
+
 struct Weights {
   DoryConfig cfg;
+  Turbo turbo;
   std::vector<std::unique_ptr<SafeTensorsFile>> files;
   std::unique_ptr<gguf::File> gguf;  // set when loaded from a .gguf (then files is empty)
   std::vector<TensorView> all;  // every tensor, for info

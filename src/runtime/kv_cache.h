@@ -1,16 +1,34 @@
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "dory/session.h"
+
 namespace dory {
+
+class FarField;
 
 // Keys and values of one attention slot, one float row of nk*hd per position.
 // A full-attention slot keeps every row; a sliding slot is a ring of `ring`
 // rows (window + rewind margin + chunk), so its memory is bounded at any length.
+//
+// A full slot with the far field on (enable_far) also keeps its query rows
+// until it seals; at the first write starting at or past `seal` it seals over
+// the rows it holds (all final by then: every pass of earlier positions is
+// done), keeps the window in a ring of w + chunk + margin rows and folds older
+// rows into the far field, and at every later write first folds the rows that
+// left the window. A second pass over the same rows folds nothing, so a
+// position enters the far field once, with its last pass's key and value.
 class KvCache {
  public:
-  KvCache(int64_t row_width, int64_t ring /* 0 = keep all rows */)
-      : width_(row_width), ring_(ring) {}
+  KvCache(int64_t row_width, int64_t ring /* 0 = keep all rows */);
+  KvCache(const KvCache& o);
+  KvCache& operator=(const KvCache&) = delete;
+  ~KvCache();
+
+  // Full slots only, before the first write: the O(1) far field (SPEC section 5).
+  void enable_far(const O1Params& p, int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t ring_after_seal);
 
   // Makes rows [start, end) writable; rows past `end` are forgotten.
   void begin_write(int64_t start, int64_t end);
@@ -18,18 +36,33 @@ class KvCache {
   float* v(int64_t pos) { return v_.data() + slot(pos) * width_; }
   const float* k(int64_t pos) const { return k_.data() + slot(pos) * width_; }
   const float* v(int64_t pos) const { return v_.data() + slot(pos) * width_; }
+  // Query rows (n_head * head_dim), kept while the slot waits for its seal.
+  bool keeps_q() const { return far_on_ && !far_; }
+  float* q(int64_t pos) { return q_.data() + pos * q_width_; }
 
   int64_t rows() const { return rows_; }         // positions [first(), rows()) are held
   int64_t first() const { return first_; }
   int64_t ring() const { return ring_; }
+  const FarField* far() const { return far_.get(); }
+  // The smallest position a rollback may go back to (a sliding window of W
+  // needs rows W - 1 back; a sealed slot cannot take rows out of its far field).
+  int64_t rollback_floor(int64_t window) const;
   void truncate(int64_t n);
-  uint64_t bytes() const { return (k_.capacity() + v_.capacity()) * sizeof(float); }
+  uint64_t bytes() const;
+  uint64_t far_bytes() const;
 
  private:
   int64_t slot(int64_t pos) const { return ring_ ? pos % ring_ : pos; }
+  void seal(int64_t t);
   int64_t width_, ring_;
   int64_t rows_ = 0, first_ = 0;
   std::vector<float> k_, v_;
+  // far field
+  bool far_on_ = false;
+  O1Params o1_;
+  int64_t n_head_ = 0, n_kv_head_ = 0, head_dim_ = 0, q_width_ = 0, ring_after_seal_ = 0;
+  std::vector<float> q_;
+  std::unique_ptr<FarField> far_;
 };
 
 }  // namespace dory

@@ -1,9 +1,12 @@
 #include "dory/session.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 
 #include "model/forward_cpu.h"
+#include "model/gate.h"
+#include "model/weights.h"
 #include "model/loop_plan.h"
 #include "runtime/kv_cache.h"
 #include "runtime/pool.h"
@@ -16,16 +19,39 @@ struct SessionState {
   SessionOptions opts;
   KvMode kv = KvMode::PerLoop;
   int loops = 1;
+  int prompt_loops = 0;
+  GateParams gate;        // resolved: Off, Conf or Recon
+  double recon_bias = 0;  // Recon: the threshold in force
+  const Router* router = nullptr;
+  O1Params o1;
   int64_t pos = 0;
-  std::vector<Step> plan;
+  std::map<int, std::vector<Step>> plans;  // whole-token plans by loop count
+  std::vector<Step> plan_first, plan_rest, plan_out;  // the gate's pieces
   // caches[layer][kv_loop]; kv_loop is the pass index for recurrent layers
   // under per_loop, else 0. Created on first use.
   std::vector<std::vector<std::unique_ptr<KvCache>>> caches;
   Scratch scratch;
+  ExitTracker tracker;
+  GateStats gstats;
+  std::vector<int> last_passes;
 
   // The cache `layer` uses at recurrent pass `loop`, created on first use.
   KvCache& cache_for(const DoryConfig& c, int layer, int loop);
+  const std::vector<Step>& plan(const DoryConfig& c, int loops);
+  // Passes a chunk of T rows runs (prompt_loops for chunks nobody reads).
+  int chunk_loops(bool logits_wanted) const {
+    return kv == KvMode::LastLoop && prompt_loops > 0 && !logits_wanted ? std::min(loops, prompt_loops) : loops;
+  }
+  bool gated(int64_t T, bool logits_wanted) const {
+    return gate.kind != GateParams::Kind::Off && T == 1 && logits_wanted && loops >= 2;
+  }
 };
+
+const std::vector<Step>& SessionState::plan(const DoryConfig& c, int n) {
+  auto it = plans.find(n);
+  if (it == plans.end()) it = plans.emplace(n, build_plan(c, n)).first;
+  return it->second;
+}
 
 KvCache& SessionState::cache_for(const DoryConfig& c, int layer, int loop) {
   const int64_t ring = c.swa_window + opts.rewind_margin + opts.chunk;
@@ -38,10 +64,13 @@ KvCache& SessionState::cache_for(const DoryConfig& c, int layer, int loop) {
     // that exists, so attention never sees a hole for earlier rows.
     KvCache* seed = nullptr;
     for (int l = kv_loop - 1; l >= 0 && !seed; --l) seed = slots[l].get();
-    slots[kv_loop] = seed && pos > 0
-                         ? std::make_unique<KvCache>(*seed)
-                         : std::make_unique<KvCache>(c.n_kv_head * c.head_dim,
-                                                     c.is_sliding(layer) ? ring : 0);
+    if (seed && pos > 0) {
+      slots[kv_loop] = std::make_unique<KvCache>(*seed);
+    } else {
+      slots[kv_loop] = std::make_unique<KvCache>(c.n_kv_head * c.head_dim, c.is_sliding(layer) ? ring : 0);
+      if (!c.is_sliding(layer) && o1.on)
+        slots[kv_loop]->enable_far(o1, c.n_head, c.n_kv_head, c.head_dim, o1.w + opts.rewind_margin + opts.chunk);
+    }
   }
   return *slots[kv_loop];
 }
@@ -63,12 +92,37 @@ void check_ids(std::span<const int32_t> ids, int64_t vocab) {
 Session::Session(std::shared_ptr<const Model> model, ThreadPool& pool, SessionOptions opts)
     : model_(std::move(model)), pool_(pool), st_(std::make_unique<SessionState>()) {
   const DoryConfig& c = model_->config();
+  const Turbo& turbo = model_->weights().turbo;
   if (opts.chunk < 1 || opts.chunk > 4096)
     throw Error("chunk size " + std::to_string(opts.chunk) + " is out of range (1..4096)");
   if (opts.rewind_margin < 0) throw Error("rewind margin must not be negative");
-  st_->opts = opts;
-  st_->kv = opts.kv.value_or(c.kv_mode);
-  st_->caches.resize(c.n_layer);
+  SessionState& S = *st_;
+  S.opts = opts;
+  // A turbo file's defaults apply to what the options leave open.
+  S.kv = opts.kv.value_or(turbo.present ? KvMode::LastLoop : c.kv_mode);
+  S.prompt_loops = opts.prompt_loops.value_or(turbo.present ? 1 : 0);
+  if (S.prompt_loops < 0 || S.prompt_loops > kMaxLoops)
+    throw Error("prompt loops " + std::to_string(S.prompt_loops) + " is out of range (0..16, 0 = off)");
+  if (S.prompt_loops > 0 && S.kv != KvMode::LastLoop && opts.prompt_loops)
+    throw Error("--prompt-loops needs --kv last_loop: under per_loop a chunk with fewer passes would leave "
+                "holes in the later passes' caches");
+  if (S.kv != KvMode::LastLoop) S.prompt_loops = 0;
+  S.o1 = opts.o1.value_or(turbo.o1.value_or(O1Params{}));
+  S.o1.validate();
+  GateParams g = opts.gate.value_or(turbo.present && !turbo.router.empty() ? parse_gate("recon") : GateParams{});
+  if (g.kind == GateParams::Kind::Auto) g = turbo.router.empty() ? parse_gate("conf:0.7") : parse_gate("recon");
+  if (g.kind != GateParams::Kind::Off && S.kv != KvMode::LastLoop)
+    throw Error("--gate " + g.str() +
+                " needs --kv last_loop: under per_loop a token that leaves after one pass would leave a hole in "
+                "the second pass's cache");
+  if (g.kind == GateParams::Kind::Recon) {
+    if (turbo.router.empty())
+      throw Error("--gate recon: the model file has no router (make one with dory calibrate, or use conf:THETA)");
+    S.router = &turbo.router;
+    S.recon_bias = g.bias.value_or(turbo.router.bias);
+  }
+  S.gate = g;
+  S.caches.resize(c.n_layer);
   set_loops(opts.loops ? opts.loops : static_cast<int>(c.n_loops));
 }
 
@@ -77,20 +131,34 @@ Session::~Session() = default;
 int64_t Session::position() const { return st_->pos; }
 int Session::loops() const { return st_->loops; }
 KvMode Session::kv_mode() const { return st_->kv; }
+const GateParams& Session::gate() const { return st_->gate; }
+const O1Params& Session::o1() const { return st_->o1; }
+int Session::prompt_loops() const { return st_->prompt_loops; }
+GateStats Session::gate_stats() const { return st_->gstats; }
+const std::vector<int>& Session::last_passes() const { return st_->last_passes; }
 
 void Session::set_loops(int loops) {
   check_loops(loops);
-  st_->loops = loops;
-  st_->plan = build_plan(model_->config(), loops);
+  SessionState& S = *st_;
+  const DoryConfig& c = model_->config();
+  S.loops = loops;
+  S.plan_first = build_plan(c, 1, 0, true, false);
+  S.plan_rest = build_plan(c, loops, 1, false, false);
+  S.plan_out = build_plan(c, 0, 0, false, true);
 }
 
-uint64_t Session::kv_bytes() const {
-  uint64_t b = 0;
+KvBytes Session::kv_bytes_split() const {
+  KvBytes b;
   for (const auto& per_layer : st_->caches)
     for (const auto& kc : per_layer)
-      if (kc) b += kc->bytes();
+      if (kc) {
+        b.far += kc->far_bytes();
+        b.exact += kc->bytes() - kc->far_bytes();
+      }
   return b;
 }
+
+uint64_t Session::kv_bytes() const { return kv_bytes_split().total(); }
 
 std::vector<float> Session::forward(std::span<const int32_t> ids, Logits want) {
   const DoryConfig& c = model_->config();
@@ -98,11 +166,12 @@ std::vector<float> Session::forward(std::span<const int32_t> ids, Logits want) {
   check_ids(ids, c.vocab);
   const int64_t n = static_cast<int64_t>(ids.size());
   std::vector<float> logits;
+  SessionState& S = *st_;
+  S.last_passes.assign(n, 0);
   if (n == 0) return logits;
   const int64_t V = c.vocab;
   logits.resize(want == Logits::All ? n * V : want == Logits::Last ? V : 0);
 
-  SessionState& S = *st_;
   CacheFor cache_for = [&](int layer, int loop) -> KvCache& { return S.cache_for(c, layer, loop); };
 
   for (int64_t b = 0; b < n; b += S.opts.chunk) {
@@ -118,10 +187,54 @@ std::vector<float> Session::forward(std::span<const int32_t> ids, Logits want) {
       out = logits.data();
     }
     ChunkArgs a{ids.data() + b, T, S.pos};
-    forward_chunk(w, pool_, S.scratch, a, S.plan, cache_for, row0, out);
+    int passes;
+    if (S.gated(T, row0 < T)) {
+      passes = gated_token(a, out);
+    } else {
+      passes = S.chunk_loops(row0 < T);
+      forward_chunk(w, pool_, S.scratch, a, S.plan(c, passes), cache_for, row0, out);
+    }
+    std::fill_n(S.last_passes.begin() + b, T, passes);
     S.pos += T;
   }
   return logits;
+}
+
+int Session::gated_token(const ChunkArgs& a, float* logits) {
+  SessionState& S = *st_;
+  const DoryConfig& c = model_->config();
+  const Weights& w = model_->weights();
+  Scratch& s = S.scratch;
+  CacheFor cache_for = [&](int layer, int loop) -> KvCache& { return S.cache_for(c, layer, loop); };
+  auto finish = [&] {  // the output block and the head on the current state
+    forward_steps(w, pool_, s, a, S.plan_out, cache_for);
+    forward_head(w, pool_, s, a, 0, logits);
+  };
+  forward_begin(w, s, a);
+  forward_steps(w, pool_, s, a, S.plan_first, cache_for);
+  ++S.gstats.gated;
+  bool one = false;
+  if (S.gate.kind == GateParams::Kind::Recon) {
+    one = S.router->score(s.state.data()) >= S.recon_bias;  // no read-out needed to decide
+    if (!one) forward_steps(w, pool_, s, a, S.plan_rest, cache_for);
+    finish();
+  } else {
+    bool probe = false;
+    if (S.tracker.read_out(&probe)) {
+      ++S.gstats.readouts;
+      S.gstats.probes += probe;
+      finish();
+      one = top_probability(logits, c.vocab) >= S.gate.theta;
+      S.tracker.record(one);
+    }
+    if (!one) {
+      // The second read-out rewrites the output block's rows of this position.
+      forward_steps(w, pool_, s, a, S.plan_rest, cache_for);
+      finish();
+    }
+  }
+  S.gstats.one_pass += one;
+  return one ? 1 : S.loops;
 }
 
 void Session::forward_batch(std::span<BatchEntry> entries) {
@@ -152,14 +265,23 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
   const int64_t V = c.vocab;
   ThreadPool& pool = live.front()->session->pool_;
 
-  // Sessions with the same loop count share a plan, so they share one pass.
+  // A gated decode token decides its passes on its own: it runs alone.
+  auto wants = [](const BatchEntry& e) { return e.want != Logits::None; };
   std::vector<bool> done(live.size(), false);
+  for (size_t i = 0; i < live.size(); ++i) {
+    BatchEntry& e = *live[i];
+    if (!e.session->st_->gated(static_cast<int64_t>(e.ids.size()), wants(e))) continue;
+    e.logits = e.session->forward(e.ids, e.want);
+    done[i] = true;
+  }
+  // Sessions running the same number of passes share a plan, so they share one pass.
+  auto passes = [&](const BatchEntry& e) { return e.session->st_->chunk_loops(wants(e)); };
   for (size_t g = 0; g < live.size(); ++g) {
     if (done[g]) continue;
-    const int loops = live[g]->session->st_->loops;
+    const int loops = passes(*live[g]);
     std::vector<BatchEntry*> group;
     for (size_t i = g; i < live.size(); ++i)
-      if (!done[i] && live[i]->session->st_->loops == loops) {
+      if (!done[i] && passes(*live[i]) == loops) {
         group.push_back(live[i]);
         done[i] = true;
       }
@@ -185,7 +307,7 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
     };
     // The first session's scratch serves the whole pass (none of them runs alone meanwhile).
     SessionState& S0 = *group.front()->session->st_;
-    forward_rows(model.weights(), pool, S0.scratch, a, static_cast<int>(group.size()), S0.plan,
+    forward_rows(model.weights(), pool, S0.scratch, a, static_cast<int>(group.size()), S0.plan(c, loops),
                  cache_for, logit_rows, logits.data());
     size_t r = 0;
     for (BatchEntry* e : group) {
@@ -194,6 +316,7 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
       e->logits.assign(logits.begin() + r * V, logits.begin() + (r + rows) * V);
       r += rows;
       e->session->st_->pos += n;
+      e->session->st_->last_passes.assign(n, loops);
     }
   }
 }
@@ -207,13 +330,16 @@ void Session::rollback(int64_t n) {
   // Check every cache first so a refused rollback changes nothing.
   for (int64_t layer = 0; layer < c.n_layer; ++layer)
     for (const auto& kc : S.caches[layer]) {
-      if (!kc || !kc->ring()) continue;
-      const int64_t need = std::max<int64_t>(0, n - c.swa_window + 1);
-      if (need < kc->first())
-        throw Error("cannot roll back to position " + std::to_string(n) + ": layer " +
-                    std::to_string(layer) + " keeps its sliding window only from position " +
-                    std::to_string(kc->first() + c.swa_window - 1) +
-                    " on (raise the rewind margin, or start a new session)");
+      if (!kc) continue;
+      const int64_t floor = kc->rollback_floor(c.swa_window);
+      if (n >= floor) continue;
+      if (kc->far())
+        throw Error("cannot roll back to position " + std::to_string(n) + ": layer " + std::to_string(layer) +
+                    " holds rows before position " + std::to_string(floor) +
+                    " only in its far field (start a new session)");
+      throw Error("cannot roll back to position " + std::to_string(n) + ": layer " +
+                  std::to_string(layer) + " keeps its sliding window only from position " +
+                  std::to_string(floor) + " on (raise the rewind margin, or start a new session)");
     }
   for (auto& per_layer : S.caches)
     for (auto& kc : per_layer)
