@@ -62,6 +62,11 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
   app->add_option("--o1-rectify", o.rectify,
                   "far field rectifier: aggregate (drop a negative far part) or clamp (clamp its weights at 0)")
       ->check(CLI::IsMember({"aggregate", "clamp"}));
+  app->add_option("--exact", o.exact,
+                  "rows kept exact past the far field's seal, chosen at a prompt's end: ROWS (the model file's "
+                  "weights) | FILE:ROWS (weights from a dory calibrate file) | off (default: the model file's)");
+  app->add_option("--spill", o.spill,
+                  "with --exact: keep the rows that wait for the choice in files under this directory, not in RAM");
 }
 
 SessionOptions RunOpts::session() const {
@@ -72,6 +77,8 @@ SessionOptions RunOpts::session() const {
   if (prompt_loops >= 0) s.prompt_loops = prompt_loops;
   if (!gate.empty()) s.gate = parse_gate(gate);
   if (!o1.empty()) s.o1 = parse_o1(o1);
+  if (!exact.empty()) s.exact = parse_exact(exact);
+  s.spill_dir = spill;
   if (!rectify.empty()) {
     if (!s.o1) throw Error("--o1-rectify needs --o1 m,w,sink,seal");
     s.o1->clamp = rectify == "clamp";

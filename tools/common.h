@@ -22,6 +22,8 @@ struct RunOpts {
   std::string gate;       // "" = the model file's
   std::string o1;         // "" = the model file's
   std::string rectify;    // "" = aggregate
+  std::string exact;      // "" = the model file's
+  std::string spill;      // "" = RAM
   SessionOptions session() const;
   int n_threads() const;
   std::string model_path() const;  // model, or the built-in one

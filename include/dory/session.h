@@ -44,6 +44,19 @@ struct O1Params {
 // "off" or "m,w,sink,seal" (e.g. "32,128,4,1024"); throws Error naming --o1.
 O1Params parse_o1(const std::string& s);
 
+// Rows kept exact past the seal (SPEC section 6).
+struct ExactParams {
+  bool on = false;
+  int64_t budget = 0;          // rows per full-attention slot
+  std::vector<float> weights;  // [full layers x n_kv_head x 2]; empty = the model file's
+  std::string source;          // where the weights came from (for messages)
+  std::string spill_dir;       // "" = keep the waiting rows in RAM
+  std::string str() const;
+};
+// "off" | "ROWS" (the model file's weights) | "FILE:ROWS" (weights from FILE, a GGUF
+// made by dory calibrate); throws Error naming --exact.
+ExactParams parse_exact(const std::string& s);
+
 // Every optional field left empty takes the model file's default (a "turbo"
 // file, SPEC section 7), else the plain model's behaviour.
 struct SessionOptions {
@@ -56,6 +69,8 @@ struct SessionOptions {
   std::optional<int> prompt_loops;
   std::optional<GateParams> gate;
   std::optional<O1Params> o1;
+  std::optional<ExactParams> exact;
+  std::string spill_dir;  // --spill: where exact rows wait between the seal and the prompt's end
 };
 
 // What the early-exit gate did (tokens that reached it, and how they went).
@@ -105,6 +120,10 @@ class Session {
   // session, on a bad id, a repeated session or more ids than a session's chunk.
   static void forward_batch(std::span<BatchEntry> entries);
 
+  // The current prompt ends at position `end`: with exact rows on, the far fields
+  // are rebuilt with their chosen rows before the prompt's last 512 rows go in.
+  void prompt_end(int64_t end);
+
   // Forgets rows from position n on, in every cache. Throws Error if n is past
   // the end or older rows needed by a sliding window were already dropped.
   void rollback(int64_t n);
@@ -118,6 +137,7 @@ class Session {
   // The settings in force (options resolved against the model file's defaults).
   const GateParams& gate() const;
   const O1Params& o1() const;
+  const ExactParams& exact() const;
   int prompt_loops() const;
   GateStats gate_stats() const;
   // Recurrent passes each position of the last forward() ran (for the tests and
@@ -127,6 +147,7 @@ class Session {
 
  private:
   int gated_token(const ChunkArgs& a, float* logits);  // returns the passes it ran
+  void rebuild_exact();
   std::shared_ptr<const Model> model_;
   ThreadPool& pool_;
   std::unique_ptr<SessionState> st_;

@@ -71,8 +71,8 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
       const float* qs = L.q_scale.data() + h * hd;
       for (int64_t d = 0; d < hd; ++d) qh[d] *= qs[d];
     }
-    // A full slot waiting for its far-field seal keeps the queries for the landmarks.
-    if (cache.keeps_q()) std::copy_n(s.q.data() + t * QW, QW, cache.q(p));
+    // A full slot with the far field keeps queries for its landmarks.
+    if (cache.wants_q(p)) cache.put_q(p, s.q.data() + t * QW);
     float* kc = cache.k(p);
     float* vc = cache.v(p);
     for (int64_t h = 0; h < nk; ++h) {

@@ -8,55 +8,6 @@
 
 namespace dory {
 
-void O1Params::validate() const {
-  if (!on) return;
-  if (m < 1 || m > 1024) throw Error("--o1: m = " + std::to_string(m) + " is out of range (1..1024 landmarks)");
-  if (w < 1 || w > 65536) throw Error("--o1: w = " + std::to_string(w) + " is out of range (1..65536 window rows)");
-  if (sink < 0 || sink > 4096) throw Error("--o1: sink = " + std::to_string(sink) + " is out of range (0..4096)");
-  if (seal < int64_t(w) + sink + 16)
-    throw Error("--o1: seal = " + std::to_string(seal) + " must be at least w + sink + 16 = " +
-                std::to_string(int64_t(w) + sink + 16));
-  if (seal > (int64_t(1) << 30)) throw Error("--o1: seal = " + std::to_string(seal) + " is too large");
-}
-
-std::string O1Params::str() const {
-  if (!on) return "off";
-  return std::to_string(m) + "," + std::to_string(w) + "," + std::to_string(sink) + "," + std::to_string(seal);
-}
-
-O1Params parse_o1(const std::string& s) {
-  O1Params p;
-  if (s == "off") return p;
-  std::vector<long long> v;
-  size_t i = 0;
-  while (i <= s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    const std::string tok = s.substr(i, j - i);
-    size_t used = 0;
-    long long x = 0;
-    try {
-      x = std::stoll(tok, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (tok.empty() || used != tok.size())
-      throw Error("--o1: '" + s + "' is not off or m,w,sink,seal (e.g. 32,128,4,1024)");
-    v.push_back(x);
-    i = j + 1;
-  }
-  if (v.size() != 4) throw Error("--o1: '" + s + "' is not off or m,w,sink,seal (e.g. 32,128,4,1024)");
-  for (long long x : v)
-    if (x < 0 || x > (1ll << 30)) throw Error("--o1: '" + s + "' has a value out of range");
-  p.on = true;
-  p.m = static_cast<int>(v[0]);
-  p.w = static_cast<int>(v[1]);
-  p.sink = static_cast<int>(v[2]);
-  p.seal = v[3];
-  p.validate();
-  return p;
-}
-
 bool ridge_pinv(const std::vector<double>& A, int n, double lam0, std::vector<double>& out) {
   // G = A^T A
   std::vector<double> G(size_t(n) * n, 0.0);
@@ -124,6 +75,32 @@ FarField::FarField(const O1Params& p, int64_t n_head, int64_t n_kv_head, int64_t
     : p_(p), nh_(n_head), nk_(n_kv_head), hd_(head_dim), group_(n_head / n_kv_head),
       inv_sqrt_d_(1.0 / std::sqrt(double(head_dim))) {}
 
+namespace {
+int landmark_count(const O1Params& p, int64_t t) {
+  const int m = static_cast<int>(std::clamp<int64_t>(t / 8, 4, p.m));
+  return static_cast<int>(std::min<int64_t>(m, t - p.sink));
+}
+}  // namespace
+
+std::vector<double> FarField::key_landmarks(const O1Params& p, int64_t t, int64_t nk, int64_t hd, const RowFn& k,
+                                            int* m_out) {
+  const int m = landmark_count(p, t);
+  const int64_t L = t - p.sink, KW = nk * hd;
+  std::vector<double> kt(size_t(nk) * m * hd, 0.0), acc(KW);
+  for (int s = 0; s < m; ++s) {
+    const int64_t b = p.sink + s * L / m, e = p.sink + (s + 1) * L / m;
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t j = b; j < e; ++j) {
+      const float* kr = k(j);
+      for (int64_t i = 0; i < KW; ++i) acc[i] += kr[i];
+    }
+    for (int64_t g = 0; g < nk; ++g)
+      for (int64_t d = 0; d < hd; ++d) kt[(size_t(g) * m + s) * hd + d] = acc[g * hd + d] / double(e - b);
+  }
+  *m_out = m;
+  return kt;
+}
+
 void FarField::build(int64_t t, const RowFn& k, const RowFn& v, const RowFn& q, std::span<const int64_t> exact) {
   const int64_t KW = nk_ * hd_, sink = p_.sink, w = p_.w;
   if (t <= w + sink + 8) throw Error("far field: " + std::to_string(t) + " rows are too few to seal");
@@ -139,24 +116,18 @@ void FarField::build(int64_t t, const RowFn& k, const RowFn& v, const RowFn& q, 
     std::copy_n(v(pinned_pos_[i]), KW, pinned_v_.data() + i * KW);
   }
 
-  // Landmarks: m_ contiguous segments of rows [sink, t).
+  // Landmarks: m_ contiguous segments of rows [sink, t); queries where kept.
   const int64_t L = t - sink;
-  m_ = static_cast<int>(std::clamp<int64_t>(t / 8, 4, p_.m));
-  m_ = static_cast<int>(std::min<int64_t>(m_, L));
+  kt_ = key_landmarks(p_, t, nk_, hd_, k, &m_);
   auto seg_begin = [&](int64_t s) { return sink + s * L / m_; };
-  kt_.assign(size_t(nk_) * m_ * hd_, 0.0);
   qt_.assign(size_t(nh_) * m_ * hd_, 0.0);
-  std::vector<double> acc(std::max(KW, nh_ * hd_));
   std::vector<double> qall(nh_ * hd_, 0.0);
   int64_t qall_n = 0;
   std::vector<int64_t> qn(m_, 0);
   std::vector<double> qacc(size_t(m_) * nh_ * hd_, 0.0);
   for (int s = 0; s < m_; ++s) {
     const int64_t b = seg_begin(s), e = seg_begin(s + 1);
-    std::fill(acc.begin(), acc.begin() + KW, 0.0);
     for (int64_t j = b; j < e; ++j) {
-      const float* kr = k(j);
-      for (int64_t i = 0; i < KW; ++i) acc[i] += kr[i];
       if (const float* qr = q(j)) {
         double* qa = qacc.data() + size_t(s) * nh_ * hd_;
         for (int64_t i = 0; i < nh_ * hd_; ++i) qa[i] += qr[i], qall[i] += qr[i];
@@ -164,9 +135,6 @@ void FarField::build(int64_t t, const RowFn& k, const RowFn& v, const RowFn& q, 
         ++qall_n;
       }
     }
-    for (int64_t g = 0; g < nk_; ++g)
-      for (int64_t d = 0; d < hd_; ++d)
-        kt_[(size_t(g) * m_ + s) * hd_ + d] = acc[g * hd_ + d] / double(e - b);
   }
   if (qall_n == 0) throw Error("far field: no query rows were kept for the landmarks");
   for (int s = 0; s < m_; ++s) {

@@ -47,6 +47,13 @@ class FarField {
   // Row far_end() leaves the window: its key and value go into the accumulators.
   void insert(const float* k, const float* v);
 
+  // The segment-mean landmark keys over rows [sink, t) ([n_kv_head x m x head_dim])
+  // that build() would make; *m gets their count.
+  static std::vector<double> key_landmarks(const O1Params& p, int64_t t, int64_t n_kv_head, int64_t head_dim,
+                                           const RowFn& k, int* m);
+  const float* pinned_k(int64_t i) const { return pinned_k_.data() + i * nk_ * hd_; }
+  const float* pinned_v(int64_t i) const { return pinned_v_.data() + i * nk_ * hd_; }
+
   int64_t far_end() const { return far_end_; }
   int landmarks() const { return m_; }
   const O1Params& params() const { return p_; }

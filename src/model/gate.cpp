@@ -7,64 +7,6 @@
 
 namespace dory {
 
-namespace {
-bool parse_double(const std::string& s, double* out) {
-  size_t used = 0;
-  try {
-    *out = std::stod(s, &used);
-  } catch (const std::exception&) {
-    return false;
-  }
-  return used == s.size() && std::isfinite(*out);
-}
-std::string fmt(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%g", v);
-  return b;
-}
-}  // namespace
-
-GateParams parse_gate(const std::string& s) {
-  GateParams g;
-  const std::string bad = "--gate: '" + s + "' is not off, conf:THETA, recon, recon:BIAS or auto";
-  if (s == "off") return g;
-  if (s == "auto") {
-    g.kind = GateParams::Kind::Auto;
-    return g;
-  }
-  if (s == "recon") {
-    g.kind = GateParams::Kind::Recon;
-    return g;
-  }
-  const size_t colon = s.find(':');
-  if (colon == std::string::npos) throw Error(bad);
-  const std::string kind = s.substr(0, colon), val = s.substr(colon + 1);
-  double v = 0;
-  if (!parse_double(val, &v)) throw Error(bad);
-  if (kind == "conf") {
-    if (!(v > 0 && v <= 1)) throw Error("--gate conf:" + val + ": the threshold must lie in (0, 1]");
-    g.kind = GateParams::Kind::Conf;
-    g.theta = v;
-  } else if (kind == "recon") {
-    if (std::fabs(v) > 1e6) throw Error("--gate recon:" + val + ": the bias is out of range");
-    g.kind = GateParams::Kind::Recon;
-    g.bias = v;
-  } else {
-    throw Error(bad);
-  }
-  return g;
-}
-
-std::string GateParams::str() const {
-  switch (kind) {
-    case Kind::Off: return "off";
-    case Kind::Auto: return "auto";
-    case Kind::Conf: return "conf:" + fmt(theta);
-    case Kind::Recon: return bias ? "recon:" + fmt(*bias) : "recon";
-  }
-  return "?";
-}
-
 double top_probability(const float* logits, int64_t n) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, logits[i]);

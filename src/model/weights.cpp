@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include "model/turbo.h"
+
 #include <sys/stat.h>
 
 #include <cmath>
@@ -245,7 +247,7 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file) {
     else by_name[name] = &t->view;
   }
   for (const auto& t : f.tensors())
-    if (!want.count(t.name)) unexpected.push_back(t.name);
+    if (!want.count(t.name) && !is_turbo_tensor(t.name)) unexpected.push_back(t.name);
   if (!missing.empty())
     throw Error(path + ": " + std::to_string(missing.size()) +
                 " tensors that the dory.* metadata implies are missing: " + list_names(missing));
@@ -266,6 +268,7 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file) {
     w->all.push_back(t);
   }
   fold_weights(*w, [&](const std::string& n) -> const TensorView& { return *by_name[n]; });
+  w->turbo = read_turbo(f, c);
   return w;
 }
 

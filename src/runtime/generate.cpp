@@ -60,6 +60,7 @@ PrefillStats TextSession::prefill(std::span<const int32_t> prompt,
     keep = 0;
   }
   tokens_.resize(keep);
+  session_->prompt_end(static_cast<int64_t>(prompt.size()));
   PrefillStats st;
   st.reused = static_cast<int64_t>(keep);
   const int64_t total = static_cast<int64_t>(prompt.size() - keep);

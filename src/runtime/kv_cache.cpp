@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "model/exact_rows.h"
 #include "model/far_field.h"
 
 namespace dory {
@@ -11,7 +12,12 @@ KvCache::KvCache(int64_t row_width, int64_t ring) : width_(row_width), ring_(rin
 KvCache::KvCache(const KvCache& o)
     : width_(o.width_), ring_(o.ring_), rows_(o.rows_), first_(o.first_), k_(o.k_), v_(o.v_), far_on_(o.far_on_),
       o1_(o.o1_), n_head_(o.n_head_), n_kv_head_(o.n_kv_head_), head_dim_(o.head_dim_), q_width_(o.q_width_),
-      ring_after_seal_(o.ring_after_seal_), q_(o.q_), far_(o.far_ ? std::make_unique<FarField>(*o.far_) : nullptr) {}
+      ring_after_seal_(o.ring_after_seal_), q_(o.q_), far_(o.far_ ? std::make_unique<FarField>(*o.far_) : nullptr),
+      exact_on_(o.exact_on_), exact_w_(o.exact_w_), exact_budget_(o.exact_budget_), spill_dir_(o.spill_dir_),
+      tag_(o.tag_ + "c") {
+  // A copy (a loop index first used mid-sequence) cannot share the waiting rows:
+  // it keeps its far field as sealed and chooses no exact rows.
+}
 
 KvCache::~KvCache() = default;
 
@@ -25,6 +31,24 @@ void KvCache::enable_far(const O1Params& p, int64_t n_head, int64_t n_kv_head, i
   head_dim_ = head_dim;
   q_width_ = n_head * head_dim;
   ring_after_seal_ = std::max<int64_t>(ring_after_seal, p.w + 1);
+}
+
+void KvCache::enable_exact(std::vector<float> layer_weights, int64_t budget, const std::string& spill_dir,
+                           const std::string& tag) {
+  if (!far_on_ || budget <= 0) return;
+  exact_on_ = true;
+  exact_w_ = std::move(layer_weights);
+  exact_budget_ = budget;
+  spill_dir_ = spill_dir;
+  tag_ = tag;
+}
+
+void KvCache::put_q(int64_t pos, const float* q) {
+  if (!far_) {
+    std::copy_n(q, q_width_, q_.data() + pos * q_width_);
+  } else if (store_ && pos % 8 == 0) {
+    store_->put_q(pos, q);
+  }
 }
 
 void KvCache::seal(int64_t t) {
@@ -41,6 +65,14 @@ void KvCache::seal(int64_t t) {
     std::copy_n(k_.data() + j * width_, width_, k.data() + (j % ring_after_seal_) * width_);
     std::copy_n(v_.data() + j * width_, width_, v.data() + (j % ring_after_seal_) * width_);
   }
+  // Exact rows: every row that goes into the far field waits in a store (and
+  // one query row in 8) until the prompt's end.
+  if (exact_on_) {
+    store_ = std::make_unique<RowStore>(width_, q_width_, spill_dir_, tag_);
+    for (int64_t j = o1_.sink; j < t - w && store_->ok(); ++j) store_->put(j, k_.data() + j * width_, v_.data() + j * width_);
+    for (int64_t j = o1_.sink; j < t && store_->ok(); ++j)
+      if (j % 8 == 0) store_->put_q(j, q_.data() + j * q_width_);
+  }
   k_.swap(k);
   v_.swap(v);
   std::vector<float>().swap(q_);
@@ -56,6 +88,7 @@ void KvCache::begin_write(int64_t start, int64_t end) {
     if (far_) {
       while (far_->far_end() < start - o1_.w) {
         const int64_t j = far_->far_end();
+        if (store_) store_->put(j, k(j), v(j));
         far_->insert(k(j), v(j));
       }
       first_ = std::max(first_, far_->far_end());
@@ -74,6 +107,61 @@ void KvCache::begin_write(int64_t start, int64_t end) {
   if (ring_) first_ = std::max(first_, end - ring_);
 }
 
+bool KvCache::rebuild_exact(std::string* why) {
+  if (!far_ || !store_) {
+    *why = "nothing waits";
+    return false;
+  }
+  std::unique_ptr<RowStore> store = std::move(store_);
+  if (!store->ok()) {
+    *why = store->error();
+    return false;
+  }
+  const int64_t t = rows_, F = far_->far_end(), sink = o1_.sink, w = o1_.w;
+  if (store->first() != sink || store->end() != F) {
+    *why = "the store does not hold the far rows";
+    return false;
+  }
+  // Rows by position: sinks from the far field, far rows from the store, the window from the ring.
+  const FarField& old = *far_;
+  std::vector<float> kb(width_), vb(width_);
+  int64_t cached = -1;
+  bool io_ok = true;
+  auto fetch = [&](int64_t j) {
+    if (j == cached) return;
+    cached = j;
+    if (j < sink) {
+      std::copy_n(old.pinned_k(j), width_, kb.data());
+      std::copy_n(old.pinned_v(j), width_, vb.data());
+    } else if (j < F) {
+      io_ok &= store->get(j, kb.data(), vb.data());
+    } else {
+      std::copy_n(k(j), width_, kb.data());
+      std::copy_n(v(j), width_, vb.data());
+    }
+  };
+  FarField::RowFn K = [&](int64_t j) -> const float* { return fetch(j), kb.data(); };
+  FarField::RowFn V = [&](int64_t j) -> const float* { return fetch(j), vb.data(); };
+  FarField::RowFn Q = [&](int64_t j) -> const float* { return store->q(j); };
+  int m = 0;
+  const std::vector<double> landmarks = FarField::key_landmarks(o1_, t, n_kv_head_, head_dim_, K, &m);
+  const std::vector<double> score =
+      exact_scores(K, V, sink, t - w, landmarks, m, n_kv_head_, head_dim_, exact_w_);
+  if (!io_ok || !store->ok()) {
+    *why = store->error();
+    return false;
+  }
+  const std::vector<int64_t> chosen = choose_exact_rows(score, sink, t - w, exact_budget_);
+  auto rebuilt = std::make_unique<FarField>(o1_, n_head_, n_kv_head_, head_dim_);
+  rebuilt->build(t, K, V, Q, chosen);
+  if (!io_ok || !store->ok()) {
+    *why = store->error();
+    return false;
+  }
+  far_ = std::move(rebuilt);
+  return true;
+}
+
 int64_t KvCache::rollback_floor(int64_t window) const {
   if (far_) return std::max(far_->far_end(), first_);
   if (ring_) return first_ > 0 ? first_ + window - 1 : 0;
@@ -88,7 +176,8 @@ void KvCache::truncate(int64_t n) {
 uint64_t KvCache::far_bytes() const { return far_ ? far_->bytes() : 0; }
 
 uint64_t KvCache::bytes() const {
-  return (k_.capacity() + v_.capacity() + q_.capacity()) * sizeof(float) + far_bytes();
+  return (k_.capacity() + v_.capacity() + q_.capacity()) * sizeof(float) + far_bytes() +
+         (store_ ? store_->ram_bytes() : 0);
 }
 
 }  // namespace dory

@@ -1,6 +1,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dory/session.h"
@@ -8,6 +9,7 @@
 namespace dory {
 
 class FarField;
+class RowStore;
 
 // Keys and values of one attention slot, one float row of nk*hd per position.
 // A full-attention slot keeps every row; a sliding slot is a ring of `ring`
@@ -30,15 +32,26 @@ class KvCache {
   // Full slots only, before the first write: the O(1) far field (SPEC section 5).
   void enable_far(const O1Params& p, int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t ring_after_seal);
 
+  // Full slots with the far field: keep rows for a later choice of exact rows
+  // (SPEC section 6), with this layer's weights [n_kv_head x 2].
+  void enable_exact(std::vector<float> layer_weights, int64_t budget, const std::string& spill_dir,
+                    const std::string& tag);
+  // At a prompt's end: rebuilds the far field over every row with the chosen rows
+  // kept exact, then drops the store. False (with *why) when there is nothing to do
+  // or the store failed; the far field is then left as it was.
+  bool rebuild_exact(std::string* why);
+  bool has_store() const { return static_cast<bool>(store_); }
+
   // Makes rows [start, end) writable; rows past `end` are forgotten.
   void begin_write(int64_t start, int64_t end);
   float* k(int64_t pos) { return k_.data() + slot(pos) * width_; }
   float* v(int64_t pos) { return v_.data() + slot(pos) * width_; }
   const float* k(int64_t pos) const { return k_.data() + slot(pos) * width_; }
   const float* v(int64_t pos) const { return v_.data() + slot(pos) * width_; }
-  // Query rows (n_head * head_dim), kept while the slot waits for its seal.
-  bool keeps_q() const { return far_on_ && !far_; }
-  float* q(int64_t pos) { return q_.data() + pos * q_width_; }
+  // Query rows (n_head * head_dim): kept while the slot waits for its seal, and
+  // one in 8 afterwards while a store waits for the prompt's end.
+  bool wants_q(int64_t pos) const { return far_on_ && (!far_ || (store_ && pos % 8 == 0)); }
+  void put_q(int64_t pos, const float* q);
 
   int64_t rows() const { return rows_; }         // positions [first(), rows()) are held
   int64_t first() const { return first_; }
@@ -63,6 +76,12 @@ class KvCache {
   int64_t n_head_ = 0, n_kv_head_ = 0, head_dim_ = 0, q_width_ = 0, ring_after_seal_ = 0;
   std::vector<float> q_;
   std::unique_ptr<FarField> far_;
+  // exact rows
+  bool exact_on_ = false;
+  std::vector<float> exact_w_;
+  int64_t exact_budget_ = 0;
+  std::string spill_dir_, tag_;
+  std::unique_ptr<RowStore> store_;
 };
 
 }  // namespace dory

@@ -1,11 +1,13 @@
 #include "dory/session.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <memory>
 
 #include "model/forward_cpu.h"
 #include "model/gate.h"
+#include "model/turbo.h"
 #include "model/weights.h"
 #include "model/loop_plan.h"
 #include "runtime/kv_cache.h"
@@ -24,6 +26,9 @@ struct SessionState {
   double recon_bias = 0;  // Recon: the threshold in force
   const Router* router = nullptr;
   O1Params o1;
+  ExactParams exact;
+  int64_t rebuild_at = -1;  // position before which the far fields are rebuilt (-1: none pending)
+  bool warned = false;
   int64_t pos = 0;
   std::map<int, std::vector<Step>> plans;  // whole-token plans by loop count
   std::vector<Step> plan_first, plan_rest, plan_out;  // the gate's pieces
@@ -68,8 +73,18 @@ KvCache& SessionState::cache_for(const DoryConfig& c, int layer, int loop) {
       slots[kv_loop] = std::make_unique<KvCache>(*seed);
     } else {
       slots[kv_loop] = std::make_unique<KvCache>(c.n_kv_head * c.head_dim, c.is_sliding(layer) ? ring : 0);
-      if (!c.is_sliding(layer) && o1.on)
-        slots[kv_loop]->enable_far(o1, c.n_head, c.n_kv_head, c.head_dim, o1.w + opts.rewind_margin + opts.chunk);
+      if (!c.is_sliding(layer) && o1.on) {
+        KvCache& kc = *slots[kv_loop];
+        kc.enable_far(o1, c.n_head, c.n_kv_head, c.head_dim, o1.w + opts.rewind_margin + opts.chunk);
+        if (exact.on) {
+          // This layer's row of the weights: full layers in order.
+          int64_t idx = 0;
+          for (int l = 0; l < layer; ++l) idx += c.pattern[l] == '*';
+          const int64_t wn = 2 * c.n_kv_head;
+          kc.enable_exact(std::vector<float>(exact.weights.begin() + idx * wn, exact.weights.begin() + (idx + 1) * wn),
+                          exact.budget, exact.spill_dir, "L" + std::to_string(layer) + "-" + std::to_string(kv_loop));
+        }
+      }
     }
   }
   return *slots[kv_loop];
@@ -109,6 +124,39 @@ Session::Session(std::shared_ptr<const Model> model, ThreadPool& pool, SessionOp
   if (S.kv != KvMode::LastLoop) S.prompt_loops = 0;
   S.o1 = opts.o1.value_or(turbo.o1.value_or(O1Params{}));
   S.o1.validate();
+  // Exact rows: the option's, else the turbo file's budget with its weights.
+  if (opts.exact) {
+    S.exact = *opts.exact;
+  } else if (turbo.exact_budget && *turbo.exact_budget > 0 && !turbo.exact_weights.empty()) {
+    S.exact.on = true;
+    S.exact.budget = *turbo.exact_budget;
+    S.exact.source = "the model file";
+  }
+  if (S.exact.on) {
+    if (!S.o1.on) throw Error("--exact needs the far field (--o1 m,w,sink,seal): rows are kept exact past its seal");
+    if (S.exact.weights.empty()) {
+      if (S.exact.source.empty() || S.exact.source == "the model file") {
+        if (turbo.exact_weights.empty())
+          throw Error("--exact " + std::to_string(S.exact.budget) +
+                      ": the model file has no exact-row weights (give --exact FILE:ROWS, or make them with dory "
+                      "calibrate)");
+        S.exact.weights = turbo.exact_weights;
+        S.exact.source = "the model file";
+      } else {
+        S.exact.weights = load_exact_weights(S.exact.source, c);
+      }
+    }
+    const int64_t nf = full_layer_count(c);
+    if (static_cast<int64_t>(S.exact.weights.size()) != nf * 2 * c.n_kv_head)
+      throw Error("--exact: the weights have " + std::to_string(S.exact.weights.size()) + " values; this model needs " +
+                  std::to_string(nf * 2 * c.n_kv_head) + " (full layers x 2 x KV heads)");
+    if (S.o1.w + S.o1.sink + S.exact.budget > 8192)
+      throw Error("--exact: w + sink + budget = " + std::to_string(S.o1.w + S.o1.sink + S.exact.budget) +
+                  " exceeds 8192 exact rows");
+    if (S.exact.spill_dir.empty()) S.exact.spill_dir = opts.spill_dir;
+  } else if (!opts.spill_dir.empty()) {
+    throw Error("--spill needs --exact (it is where rows wait for the choice of exact rows)");
+  }
   GateParams g = opts.gate.value_or(turbo.present && !turbo.router.empty() ? parse_gate("recon") : GateParams{});
   if (g.kind == GateParams::Kind::Auto) g = turbo.router.empty() ? parse_gate("conf:0.7") : parse_gate("recon");
   if (g.kind != GateParams::Kind::Off && S.kv != KvMode::LastLoop)
@@ -133,6 +181,28 @@ int Session::loops() const { return st_->loops; }
 KvMode Session::kv_mode() const { return st_->kv; }
 const GateParams& Session::gate() const { return st_->gate; }
 const O1Params& Session::o1() const { return st_->o1; }
+const ExactParams& Session::exact() const { return st_->exact; }
+
+void Session::prompt_end(int64_t end) {
+  SessionState& S = *st_;
+  if (!S.exact.on) return;
+  // Before the prompt's last 512 rows (at once when fewer are left).
+  S.rebuild_at = std::max(S.pos, end - 512);
+}
+
+void Session::rebuild_exact() {
+  SessionState& S = *st_;
+  S.rebuild_at = -1;
+  for (auto& per_layer : S.caches)
+    for (auto& kc : per_layer) {
+      if (!kc || !kc->has_store()) continue;
+      std::string why;
+      if (!kc->rebuild_exact(&why) && !S.warned) {
+        std::fprintf(stderr, "warning: exact rows: %s; the far field goes on as first sealed\n", why.c_str());
+        S.warned = true;
+      }
+    }
+}
 int Session::prompt_loops() const { return st_->prompt_loops; }
 GateStats Session::gate_stats() const { return st_->gstats; }
 const std::vector<int>& Session::last_passes() const { return st_->last_passes; }
@@ -174,8 +244,11 @@ std::vector<float> Session::forward(std::span<const int32_t> ids, Logits want) {
 
   CacheFor cache_for = [&](int layer, int loop) -> KvCache& { return S.cache_for(c, layer, loop); };
 
-  for (int64_t b = 0; b < n; b += S.opts.chunk) {
-    const int64_t T = std::min<int64_t>(S.opts.chunk, n - b);
+  for (int64_t b = 0, T; b < n; b += T) {
+    // A pending rebuild of the far fields (exact rows) happens at its position.
+    if (S.rebuild_at >= 0 && S.pos >= S.rebuild_at) rebuild_exact();
+    T = std::min<int64_t>(S.opts.chunk, n - b);
+    if (S.rebuild_at > S.pos) T = std::min(T, S.rebuild_at - S.pos);
     const bool last_chunk = b + T == n;
     int64_t row0 = T;
     float* out = nullptr;

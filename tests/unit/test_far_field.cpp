@@ -1,13 +1,19 @@
 // The O(1) far field (SPEC section 5): the Nystrom read against exact attention
 // where it should be close, constant memory after the seal, rollback limits,
 // and the gate's exit-rate tracker (SPEC section 4).
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
 
 #include <cmath>
 #include <random>
 
 #include "dory/error.h"
 #include "dory/session.h"
+#include "model/exact_rows.h"
 #include "model/far_field.h"
 #include "model/gate.h"
 #include "runtime/pool.h"
@@ -206,4 +212,122 @@ TEST(Gate, TopProbabilityAndParsing) {
   EXPECT_FALSE(parse_gate("recon").bias.has_value());
   EXPECT_EQ(parse_gate("off").kind, GateParams::Kind::Off);
   for (const char* bad : {"conf", "conf:", "conf:2", "recon:x", "on", ""}) EXPECT_THROW(parse_gate(bad), Error) << bad;
+}
+
+// --- Rows kept exact (SPEC section 6) ---------------------------------------
+
+// Keys on a smooth rank-2 trajectory, but one row has a component outside that
+// plane: its key residual is the largest, so it is chosen first, with its two
+// neighbours on each side.
+TEST(ExactRows, AKeyOffAThinSubspaceIsChosenWithItsNeighbours) {
+  const int64_t nk = 1, hd = 16, t = 400, star = 211;
+  O1Params p;
+  p.on = true, p.m = 16, p.w = 32, p.sink = 4, p.seal = 100;
+  std::vector<float> K(t * hd, 0.0f), V(t * hd, 1.0f);
+  for (int64_t j = 0; j < t; ++j) {
+    K[j * hd + 0] = static_cast<float>(2 * std::cos(j / 30.0));
+    K[j * hd + 1] = static_cast<float>(2 * std::sin(j / 45.0));
+  }
+  K[star * hd + 7] = 1.5f;  // off the plane
+  FarField::RowFn k = [&](int64_t j) { return K.data() + j * hd; };
+  FarField::RowFn v = [&](int64_t j) { return V.data() + j * hd; };
+  int m = 0;
+  const auto lm = FarField::key_landmarks(p, t, nk, hd, k, &m);
+  EXPECT_EQ(m, 16);
+  const std::vector<float> w = {1.0f, 0.0f};  // key residual only
+  const auto score = exact_scores(k, v, p.sink, t - p.w, lm, m, nk, hd, w);
+  const auto chosen = choose_exact_rows(score, p.sink, t - p.w, 5);
+  EXPECT_EQ(chosen, (std::vector<int64_t>{star - 2, star - 1, star, star + 1, star + 2}));
+  // A budget beyond the candidates takes them all, each once.
+  const auto all = choose_exact_rows(score, p.sink, t - p.w, 10000);
+  EXPECT_EQ(static_cast<int64_t>(all.size()), t - p.w - p.sink);
+  EXPECT_EQ(rank_shares({3.0, 1.0, 2.0, 1.0}), (std::vector<double>{1.0, 1.0 / 6, 2.0 / 3, 1.0 / 6}));
+}
+
+namespace {
+std::vector<float> prompt_logits(const SessionOptions& o, const std::vector<int32_t>& ids, std::string* err = nullptr) {
+  ThreadPool pool(2);
+  Session s(fixture::tiny(), pool, o);
+  s.prompt_end(static_cast<int64_t>(ids.size()));
+  testing::internal::CaptureStderr();
+  // Fed as two parts split where the exact-row rebuild happens (512 rows before the
+  // end), so runs with and without it go through the same chunks (last_loop results
+  // depend on the chunk schedule).
+  const size_t split = ids.size() - 512;
+  s.forward(std::span(ids).first(split), Logits::None);
+  auto l = s.forward(std::span(ids).subspan(split), Logits::Last);
+  const std::string e = testing::internal::GetCapturedStderr();
+  if (err) *err = e;
+  const auto more = fixture::ids(4, 77);
+  for (int32_t id : more) {
+    auto d = s.forward({&id, 1}, Logits::Last);
+    l.insert(l.end(), d.begin(), d.end());
+  }
+  return l;
+}
+}  // namespace
+
+TEST(ExactRows, RamAndSpillFilesGiveIdenticalLogitsAndTheFilesGo) {
+  const auto ids = fixture::ids(900, 3);
+  SessionOptions o;
+  o.kv = KvMode::LastLoop;
+  o.o1 = parse_o1("8,16,2,64");
+  const std::vector<float> plain = prompt_logits(o, ids);
+  o.exact = parse_exact("12");
+  o.exact->weights.assign(3 * 2 * 2, 1.0f);  // 3 full layers x 2 features x 2 KV heads
+  const std::vector<float> ram = prompt_logits(o, ids);
+  // The rebuild with exact rows changes what later rows see.
+  float d = 0;
+  for (size_t i = 0; i < ram.size(); ++i) d = std::max(d, std::fabs(ram[i] - plain[i]));
+  EXPECT_GT(d, 1e-3f);
+
+  char tmpl[] = "/tmp/dory_spill_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  o.spill_dir = tmpl;
+  const std::vector<float> spilled = prompt_logits(o, ids);
+  ASSERT_EQ(spilled.size(), ram.size());
+  EXPECT_EQ(std::memcmp(spilled.data(), ram.data(), ram.size() * sizeof(float)), 0);
+  // Every spill file is gone once the far fields were rebuilt.
+  int left = 0;
+  if (DIR* dir = opendir(tmpl)) {
+    while (dirent* e = readdir(dir)) left += e->d_name[0] != '.';
+    closedir(dir);
+  }
+  EXPECT_EQ(left, 0);
+  rmdir(tmpl);
+}
+
+TEST(ExactRows, AnUnusableSpillDirectoryLeavesTheFarFieldWorkingWithAWarning) {
+  const auto ids = fixture::ids(900, 3);
+  SessionOptions o;
+  o.kv = KvMode::LastLoop;
+  o.o1 = parse_o1("8,16,2,64");
+  const std::vector<float> plain = prompt_logits(o, ids);
+  o.exact = parse_exact("12");
+  o.exact->weights.assign(12, 1.0f);
+  o.spill_dir = "/nonexistent/dory-spill";
+  std::string err;
+  const std::vector<float> got = prompt_logits(o, ids, &err);
+  EXPECT_NE(err.find("warning: exact rows: cannot create /nonexistent/dory-spill"), std::string::npos) << err;
+  EXPECT_NE(err.find("the far field goes on as first sealed"), std::string::npos) << err;
+  ASSERT_EQ(got.size(), plain.size());
+  EXPECT_EQ(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)), 0);
+}
+
+TEST(ExactRows, OptionsAreChecked) {
+  ThreadPool pool(1);
+  SessionOptions o;
+  o.exact = parse_exact("12");
+  o.exact->weights.assign(12, 1.0f);
+  EXPECT_THROW(Session(fixture::tiny(), pool, o), Error);  // needs --o1
+  o.o1 = parse_o1("8,16,2,64");
+  o.exact->weights.assign(5, 1.0f);
+  EXPECT_THROW(Session(fixture::tiny(), pool, o), Error);  // wrong weight count
+  SessionOptions o2;
+  o2.o1 = parse_o1("8,16,2,64");
+  o2.exact = parse_exact("12");  // the tiny model file has no weights
+  EXPECT_THROW(Session(fixture::tiny(), pool, o2), Error);
+  for (const char* bad : {"", "x", "0", "99999", ":5", "f:"}) EXPECT_THROW(parse_exact(bad), Error) << bad;
+  EXPECT_EQ(parse_exact("t.gguf:64").source, "t.gguf");
+  EXPECT_FALSE(parse_exact("off").on);
 }

@@ -1,0 +1,149 @@
+// Parsing and printing of the runtime options of SPEC sections 4-6 (--gate,
+// --o1, --exact): every bad value is one clear error naming the flag.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "dory/error.h"
+#include "dory/session.h"
+
+namespace dory {
+
+namespace {
+bool parse_double(const std::string& s, double* out) {
+  size_t used = 0;
+  try {
+    *out = std::stod(s, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return used == s.size() && std::isfinite(*out);
+}
+std::string fmt(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+}  // namespace
+
+GateParams parse_gate(const std::string& s) {
+  GateParams g;
+  const std::string bad = "--gate: '" + s + "' is not off, conf:THETA, recon, recon:BIAS or auto";
+  if (s == "off") return g;
+  if (s == "auto") {
+    g.kind = GateParams::Kind::Auto;
+    return g;
+  }
+  if (s == "recon") {
+    g.kind = GateParams::Kind::Recon;
+    return g;
+  }
+  const size_t colon = s.find(':');
+  if (colon == std::string::npos) throw Error(bad);
+  const std::string kind = s.substr(0, colon), val = s.substr(colon + 1);
+  double v = 0;
+  if (!parse_double(val, &v)) throw Error(bad);
+  if (kind == "conf") {
+    if (!(v > 0 && v <= 1)) throw Error("--gate conf:" + val + ": the threshold must lie in (0, 1]");
+    g.kind = GateParams::Kind::Conf;
+    g.theta = v;
+  } else if (kind == "recon") {
+    if (std::fabs(v) > 1e6) throw Error("--gate recon:" + val + ": the bias is out of range");
+    g.kind = GateParams::Kind::Recon;
+    g.bias = v;
+  } else {
+    throw Error(bad);
+  }
+  return g;
+}
+
+std::string GateParams::str() const {
+  switch (kind) {
+    case Kind::Off: return "off";
+    case Kind::Auto: return "auto";
+    case Kind::Conf: return "conf:" + fmt(theta);
+    case Kind::Recon: return bias ? "recon:" + fmt(*bias) : "recon";
+  }
+  return "?";
+}
+
+void O1Params::validate() const {
+  if (!on) return;
+  if (m < 1 || m > 1024) throw Error("--o1: m = " + std::to_string(m) + " is out of range (1..1024 landmarks)");
+  if (w < 1 || w > 65536) throw Error("--o1: w = " + std::to_string(w) + " is out of range (1..65536 window rows)");
+  if (sink < 0 || sink > 4096) throw Error("--o1: sink = " + std::to_string(sink) + " is out of range (0..4096)");
+  if (seal < int64_t(w) + sink + 16)
+    throw Error("--o1: seal = " + std::to_string(seal) + " must be at least w + sink + 16 = " +
+                std::to_string(int64_t(w) + sink + 16));
+  if (seal > (int64_t(1) << 30)) throw Error("--o1: seal = " + std::to_string(seal) + " is too large");
+}
+
+std::string O1Params::str() const {
+  if (!on) return "off";
+  return std::to_string(m) + "," + std::to_string(w) + "," + std::to_string(sink) + "," + std::to_string(seal);
+}
+
+O1Params parse_o1(const std::string& s) {
+  O1Params p;
+  if (s == "off") return p;
+  std::vector<long long> v;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    const std::string tok = s.substr(i, j - i);
+    size_t used = 0;
+    long long x = 0;
+    try {
+      x = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (tok.empty() || used != tok.size())
+      throw Error("--o1: '" + s + "' is not off or m,w,sink,seal (e.g. 32,128,4,1024)");
+    v.push_back(x);
+    i = j + 1;
+  }
+  if (v.size() != 4) throw Error("--o1: '" + s + "' is not off or m,w,sink,seal (e.g. 32,128,4,1024)");
+  for (long long x : v)
+    if (x < 0 || x > (1ll << 30)) throw Error("--o1: '" + s + "' has a value out of range");
+  p.on = true;
+  p.m = static_cast<int>(v[0]);
+  p.w = static_cast<int>(v[1]);
+  p.sink = static_cast<int>(v[2]);
+  p.seal = v[3];
+  p.validate();
+  return p;
+}
+
+ExactParams parse_exact(const std::string& s) {
+  ExactParams e;
+  if (s == "off") return e;
+  const std::string bad = "--exact: '" + s + "' is not off, ROWS or FILE:ROWS (e.g. 256 or turbo.gguf:256)";
+  const size_t colon = s.rfind(':');
+  const std::string rows = colon == std::string::npos ? s : s.substr(colon + 1);
+  size_t used = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(rows, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (rows.empty() || used != rows.size()) throw Error(bad);
+  if (n < 1 || n > 8192) throw Error("--exact: " + rows + " rows is out of range (1..8192)");
+  e.on = true;
+  e.budget = n;
+  if (colon != std::string::npos) {
+    e.source = s.substr(0, colon);
+    if (e.source.empty()) throw Error(bad);
+  }
+  return e;
+}
+
+std::string ExactParams::str() const {
+  if (!on) return "off";
+  return (source.empty() || source == "the model file" ? "" : source + ":") + std::to_string(budget);
+}
+
+}  // namespace dory
