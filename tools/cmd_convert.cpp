@@ -15,6 +15,7 @@
 #include "convert.h"
 #include "format/gguf.h"
 #include "model/gguf_dory.h"
+#include "model/turbo.h"
 #include "model/weights.h"
 #include "tensor/quant.h"
 
@@ -116,8 +117,10 @@ void add_tensor_type_overrides(CLI::App* cmd, ConvertOpts& o) {
 
 int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
   const FType* ft = nullptr;
+  static const FType kKeep = {"keep", DType::BF16, 32, false, false, false};
   for (const FType& f : kFTypes)
     if (o.type == f.name) ft = &f;
+  if (o.keep_types) ft = &kKeep;
   if (!ft) throw Error("--type '" + o.type + "' is not one of " + kConvertTypes);
   // (Plain flags rather than std::optional: GCC 12 warns on optional<enum> here.)
   const bool has_out = !o.output_type.empty(), has_embd = !o.embd_type.empty();
@@ -135,13 +138,13 @@ int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
   if (w->gguf) {
     // Keep the input's metadata (tokenizer, template, anything else) as it is.
     for (const auto& [k, v] : w->gguf->metadata())
-      if (k != "general.alignment") wr.set(k, v);
+      if (k != "general.alignment" && k.rfind("dory.turbo.", 0) != 0) wr.set(k, v);
   } else {
     wr.set("general.architecture", gguf::Value::str("dory"));
     wr.set("general.name", gguf::Value::str(base_name(resolved)));
   }
   write_dory_metadata(wr, c);
-  wr.set("general.file_type", gguf::Value::u32(ft->file_type));
+  if (!o.keep_types || !w->gguf) wr.set("general.file_type", gguf::Value::u32(ft->file_type));
   wr.set("general.quantization_version", gguf::Value::u32(2));
   if (!w->gguf) tok_note = write_tokenizer_metadata(wr, resolved, c.vocab);
 
@@ -175,11 +178,16 @@ int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
       if (name == "token_embd.weight" && has_embd) ty = embd_type;
       ty = fallback(ty, cols);
     }
+    if (o.keep_types) ty = t->dtype;
     if (contains(name, "attn_v.weight")) ++i_wv;
     if (contains(name, "ffn_down.weight")) ++i_down;
     plan.push_back({name, t, ty});
     wr.add_tensor(name, ty, t->shape);
   }
+
+  // The turbo keys and tensors (dory calibrate's, else the input's own), after the model's.
+  const Turbo& turbo = o.turbo ? *o.turbo : w->turbo;
+  declare_turbo(wr, turbo, c);
 
   const std::string tmp = o.out + ".tmp";
   try {
@@ -224,6 +232,7 @@ int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
                      p.name.c_str(), dtype_name(t.dtype), shape_str(t.shape).c_str(),
                      dtype_name(p.type), human_bytes(rows * rb).c_str());
     }
+    write_turbo_data(wr, turbo);
     wr.finish();
     if (std::rename(tmp.c_str(), o.out.c_str()) != 0)
       throw Error(o.out + ": cannot rename " + tmp + " to it: " + std::strerror(errno));

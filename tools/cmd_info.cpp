@@ -52,6 +52,18 @@ int run_info(const std::string& path) {
               c.rope_theta, (long long)c.rotary_dims(1), c.rope_theta_2,
               (long long)c.rotary_dims(2), (long long)p2);
   std::printf("kv cache mode  %s\n", kv_mode_name(c.kv_mode));
+  const Turbo& tb = model->weights().turbo;
+  if (tb.present) {
+    std::printf("turbo          defaults: kv last_loop, prompt loops 1");
+    if (!tb.router.empty())
+      std::printf(", gate recon (router rank %lld/%lld, exit bias %.4g)", (long long)tb.router.rank_easy,
+                  (long long)tb.router.rank_hard, tb.router.bias);
+    if (tb.o1) std::printf(", o1 %s", tb.o1->str().c_str());
+    if (tb.exact_budget && !tb.exact_weights.empty())
+      std::printf(", exact rows %lld (weights for %lld full layers)", (long long)*tb.exact_budget,
+                  (long long)(tb.exact_weights.size() / (2 * c.n_kv_head)));
+    std::printf("\n");
+  }
   std::printf("ngpt           sigma %g, alpha_init %g, gate g0 %g%s\n", c.init_std, c.alpha_init,
               c.g0(), c.gate_init ? "" : " (sqrt(H))");
   std::printf("context        %lld positions\n", (long long)c.max_positions);

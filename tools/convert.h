@@ -4,6 +4,10 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+namespace dory {
+struct Turbo;
+}
+
 namespace dory::cli {
 
 struct ConvertOpts {
@@ -14,6 +18,10 @@ struct ConvertOpts {
   std::string output_type, embd_type;
   int threads = 0;
   bool quiet = false;
+  // dory calibrate: every tensor keeps its type (type is ignored), and the turbo
+  // keys and tensors of *turbo replace any the input has.
+  bool keep_types = false;
+  const Turbo* turbo = nullptr;
 };
 
 // The --type names, for help texts.

@@ -99,6 +99,24 @@ struct BatchEntry {
   std::vector<float> logits;     // out: what forward(ids, want) would return
 };
 
+// What `dory calibrate` reads off a run (Session::probe): per row, the state after
+// the first recurrent pass, and the top token and top probability of a read-out
+// after that pass and after all of them.
+struct ProbeRows {
+  int64_t hidden = 0;
+  std::vector<float> state1;              // [rows x hidden]
+  std::vector<int32_t> top1, top_all;     // [rows]
+  std::vector<float> p1;                  // top probability after pass 1 [rows]
+};
+
+// The exact-row features of one far-field slot (Session::exact_features): rows
+// [lo, hi), each 2 x n_kv_head rank shares (per KV head: key residual, value norm).
+struct SlotFeatures {
+  int layer = 0, loop = 0;
+  int64_t lo = 0, hi = 0;
+  std::vector<double> f;  // [(hi - lo) x 2 n_kv_head]
+};
+
 class Session {
  public:
   Session(std::shared_ptr<const Model> model, ThreadPool& pool, SessionOptions opts = {});
@@ -119,6 +137,14 @@ class Session {
   // counts go through in one pass per loop count. Throws Error, changing no
   // session, on a bad id, a repeated session or more ids than a session's chunk.
   static void forward_batch(std::span<BatchEntry> entries);
+
+  // Runs ids like forward() (last_loop only) with every row read out after its
+  // first pass and again after all passes, as the conf gate does for a token that
+  // goes on; what was read comes back.
+  ProbeRows probe(std::span<const int32_t> ids);
+  // The exact-row features of every sealed far-field slot whose rows still wait
+  // for the choice (exact rows on, before the prompt's end).
+  std::vector<SlotFeatures> exact_features();
 
   // The current prompt ends at position `end`: with exact rows on, the far fields
   // are rebuilt with their chosen rows before the prompt's last 512 rows go in.

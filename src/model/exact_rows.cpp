@@ -181,8 +181,19 @@ std::vector<double> exact_scores(const std::function<const float*(int64_t)>& k,
                                  const std::vector<double>& landmarks, int m, int64_t nk, int64_t hd,
                                  std::span<const float> weights) {
   const int64_t n = std::max<int64_t>(0, hi - lo);
+  const std::vector<double> f = exact_features(k, v, lo, hi, landmarks, m, nk, hd);
   std::vector<double> score(n, 0.0);
-  if (n == 0) return score;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < 2 * nk; ++j) score[i] += weights[j] * f[i * 2 * nk + j];
+  return score;
+}
+
+std::vector<double> exact_features(const std::function<const float*(int64_t)>& k,
+                                   const std::function<const float*(int64_t)>& v, int64_t lo, int64_t hi,
+                                   const std::vector<double>& landmarks, int m, int64_t nk, int64_t hd) {
+  const int64_t n = std::max<int64_t>(0, hi - lo);
+  std::vector<double> out(n * 2 * nk, 0.0);
+  if (n == 0) return out;
   // Per KV head: the Cholesky factor of K~ K~^T + lambda I, lambda = 1e-4 mean diag.
   std::vector<std::vector<double>> chol(nk);
   for (int64_t g = 0; g < nk; ++g) {
@@ -253,10 +264,12 @@ std::vector<double> exact_scores(const std::function<const float*(int64_t)>& k,
   }
   for (int64_t g = 0; g < nk; ++g) {
     const std::vector<double> rk = rank_shares(resid[g]), vk = rank_shares(vnorm[g]);
-    const double w0 = weights[g * 2], w1 = weights[g * 2 + 1];
-    for (int64_t i = 0; i < n; ++i) score[i] += w0 * rk[i] + w1 * vk[i];
+    for (int64_t i = 0; i < n; ++i) {
+      out[i * 2 * nk + 2 * g] = rk[i];
+      out[i * 2 * nk + 2 * g + 1] = vk[i];
+    }
   }
-  return score;
+  return out;
 }
 
 }  // namespace dory

@@ -74,6 +74,12 @@ std::vector<double> rank_shares(const std::vector<double>& x);
 std::vector<int64_t> choose_exact_rows(const std::vector<double>& score, int64_t lo, int64_t hi, int64_t budget,
                                        int neighbours = 2);
 
+// The rows' features for one slot: [(hi - lo) x 2 nk], per KV head the rank
+// shares of the key residual and of the value's squared norm.
+std::vector<double> exact_features(const std::function<const float*(int64_t)>& k,
+                                   const std::function<const float*(int64_t)>& v, int64_t lo, int64_t hi,
+                                   const std::vector<double>& landmarks, int m, int64_t nk, int64_t hd);
+
 // The rows' scores for one slot: k(j), v(j) give rows j in [lo, hi) (key and
 // value rows of nk heads of hd); landmarks [nk x m x hd]; weights [nk x 2].
 std::vector<double> exact_scores(const std::function<const float*(int64_t)>& k,

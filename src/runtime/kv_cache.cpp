@@ -107,22 +107,21 @@ void KvCache::begin_write(int64_t start, int64_t end) {
   if (ring_) first_ = std::max(first_, end - ring_);
 }
 
-bool KvCache::rebuild_exact(std::string* why) {
+// Calls fn(K, V, Q) with accessors of every row [0, rows()) of a sealed slot with a
+// store: sinks from the far field, far rows from the store, the window from the ring.
+bool KvCache::with_all_rows(const std::function<void(const FarField::RowFn&, const FarField::RowFn&,
+                                                     const FarField::RowFn&)>& fn,
+                            std::string* why) {
   if (!far_ || !store_) {
     *why = "nothing waits";
     return false;
   }
-  std::unique_ptr<RowStore> store = std::move(store_);
-  if (!store->ok()) {
-    *why = store->error();
+  RowStore& store = *store_;
+  const int64_t F = far_->far_end(), sink = o1_.sink;
+  if (!store.ok() || store.first() != sink || store.end() != F) {
+    *why = store.ok() ? "the store does not hold the far rows" : store.error();
     return false;
   }
-  const int64_t t = rows_, F = far_->far_end(), sink = o1_.sink, w = o1_.w;
-  if (store->first() != sink || store->end() != F) {
-    *why = "the store does not hold the far rows";
-    return false;
-  }
-  // Rows by position: sinks from the far field, far rows from the store, the window from the ring.
   const FarField& old = *far_;
   std::vector<float> kb(width_), vb(width_);
   int64_t cached = -1;
@@ -134,7 +133,7 @@ bool KvCache::rebuild_exact(std::string* why) {
       std::copy_n(old.pinned_k(j), width_, kb.data());
       std::copy_n(old.pinned_v(j), width_, vb.data());
     } else if (j < F) {
-      io_ok &= store->get(j, kb.data(), vb.data());
+      io_ok &= store.get(j, kb.data(), vb.data());
     } else {
       std::copy_n(k(j), width_, kb.data());
       std::copy_n(v(j), width_, vb.data());
@@ -142,24 +141,46 @@ bool KvCache::rebuild_exact(std::string* why) {
   };
   FarField::RowFn K = [&](int64_t j) -> const float* { return fetch(j), kb.data(); };
   FarField::RowFn V = [&](int64_t j) -> const float* { return fetch(j), vb.data(); };
-  FarField::RowFn Q = [&](int64_t j) -> const float* { return store->q(j); };
-  int m = 0;
-  const std::vector<double> landmarks = FarField::key_landmarks(o1_, t, n_kv_head_, head_dim_, K, &m);
-  const std::vector<double> score =
-      exact_scores(K, V, sink, t - w, landmarks, m, n_kv_head_, head_dim_, exact_w_);
-  if (!io_ok || !store->ok()) {
-    *why = store->error();
+  FarField::RowFn Q = [&](int64_t j) -> const float* { return store.q(j); };
+  fn(K, V, Q);
+  if (!io_ok || !store.ok()) {
+    *why = store.ok() ? "a read failed" : store.error();
     return false;
   }
-  const std::vector<int64_t> chosen = choose_exact_rows(score, sink, t - w, exact_budget_);
-  auto rebuilt = std::make_unique<FarField>(o1_, n_head_, n_kv_head_, head_dim_);
-  rebuilt->build(t, K, V, Q, chosen);
-  if (!io_ok || !store->ok()) {
-    *why = store->error();
-    return false;
-  }
+  return true;
+}
+
+bool KvCache::rebuild_exact(std::string* why) {
+  const int64_t t = rows_, sink = o1_.sink, w = o1_.w;
+  std::unique_ptr<FarField> rebuilt;
+  const bool ok = with_all_rows(
+      [&](const FarField::RowFn& K, const FarField::RowFn& V, const FarField::RowFn& Q) {
+        int m = 0;
+        const std::vector<double> landmarks = FarField::key_landmarks(o1_, t, n_kv_head_, head_dim_, K, &m);
+        const std::vector<double> score =
+            exact_scores(K, V, sink, t - w, landmarks, m, n_kv_head_, head_dim_, exact_w_);
+        const std::vector<int64_t> chosen = choose_exact_rows(score, sink, t - w, exact_budget_);
+        rebuilt = std::make_unique<FarField>(o1_, n_head_, n_kv_head_, head_dim_);
+        rebuilt->build(t, K, V, Q, chosen);
+      },
+      why);
+  store_.reset();  // the rows waited for this one choice
+  if (!ok) return false;
   far_ = std::move(rebuilt);
   return true;
+}
+
+bool KvCache::exact_features(int64_t* lo, int64_t* hi, std::vector<double>* f) {
+  const int64_t t = rows_, sink = o1_.sink, w = o1_.w;
+  std::string why;
+  *lo = sink, *hi = t - w;
+  return with_all_rows(
+      [&](const FarField::RowFn& K, const FarField::RowFn& V, const FarField::RowFn&) {
+        int m = 0;
+        const std::vector<double> landmarks = FarField::key_landmarks(o1_, t, n_kv_head_, head_dim_, K, &m);
+        *f = dory::exact_features(K, V, sink, t - w, landmarks, m, n_kv_head_, head_dim_);
+      },
+      &why);
 }
 
 int64_t KvCache::rollback_floor(int64_t window) const {

@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,8 @@ class KvCache {
   // or the store failed; the far field is then left as it was.
   bool rebuild_exact(std::string* why);
   bool has_store() const { return static_cast<bool>(store_); }
+  // The exact-row features of rows [*lo, *hi) (see exact_rows.h), without choosing.
+  bool exact_features(int64_t* lo, int64_t* hi, std::vector<double>* f);
 
   // Makes rows [start, end) writable; rows past `end` are forgotten.
   void begin_write(int64_t start, int64_t end);
@@ -65,6 +68,10 @@ class KvCache {
   uint64_t far_bytes() const;
 
  private:
+  bool with_all_rows(const std::function<void(const std::function<const float*(int64_t)>&,
+                                              const std::function<const float*(int64_t)>&,
+                                              const std::function<const float*(int64_t)>&)>& fn,
+                     std::string* why);
   int64_t slot(int64_t pos) const { return ring_ ? pos % ring_ : pos; }
   void seal(int64_t t);
   int64_t width_, ring_;

@@ -28,6 +28,7 @@ struct SessionState {
   O1Params o1;
   ExactParams exact;
   int64_t rebuild_at = -1;  // position before which the far fields are rebuilt (-1: none pending)
+  int64_t prompt_end = -1;
   bool warned = false;
   int64_t pos = 0;
   std::map<int, std::vector<Step>> plans;  // whole-token plans by loop count
@@ -188,10 +189,16 @@ void Session::prompt_end(int64_t end) {
   if (!S.exact.on) return;
   // Before the prompt's last 512 rows (at once when fewer are left).
   S.rebuild_at = std::max(S.pos, end - 512);
+  S.prompt_end = end;
 }
 
 void Session::rebuild_exact() {
   SessionState& S = *st_;
+  bool any = false;
+  for (const auto& per_layer : S.caches)
+    for (const auto& kc : per_layer) any |= kc && kc->has_store();
+  // No slot has sealed yet: the rebuild waits for the first that does (within this prompt).
+  if (!any && S.pos < S.prompt_end) return;
   S.rebuild_at = -1;
   for (auto& per_layer : S.caches)
     for (auto& kc : per_layer) {
@@ -271,6 +278,61 @@ std::vector<float> Session::forward(std::span<const int32_t> ids, Logits want) {
     S.pos += T;
   }
   return logits;
+}
+
+ProbeRows Session::probe(std::span<const int32_t> ids) {
+  SessionState& S = *st_;
+  const DoryConfig& c = model_->config();
+  const Weights& w = model_->weights();
+  if (S.kv != KvMode::LastLoop) throw Error("probe: needs --kv last_loop");
+  check_ids(ids, c.vocab);
+  const int64_t n = static_cast<int64_t>(ids.size()), H = c.hidden, V = c.vocab;
+  ProbeRows out;
+  out.hidden = H;
+  out.state1.resize(n * H);
+  out.top1.resize(n);
+  out.top_all.resize(n);
+  out.p1.resize(n);
+  CacheFor cache_for = [&](int layer, int loop) -> KvCache& { return S.cache_for(c, layer, loop); };
+  std::vector<float> logits;
+  auto argmax = [&](const float* l) {
+    return static_cast<int32_t>(std::max_element(l, l + V) - l);
+  };
+  for (int64_t b = 0; b < n; b += S.opts.chunk) {
+    const int64_t T = std::min<int64_t>(S.opts.chunk, n - b);
+    ChunkArgs a{ids.data() + b, T, S.pos};
+    Scratch& s = S.scratch;
+    logits.resize(T * V);
+    forward_begin(w, s, a);
+    forward_steps(w, pool_, s, a, S.plan_first, cache_for);
+    std::copy_n(s.state.data(), T * H, out.state1.data() + b * H);
+    forward_steps(w, pool_, s, a, S.plan_out, cache_for);
+    forward_head(w, pool_, s, a, 0, logits.data());
+    for (int64_t t = 0; t < T; ++t) {
+      out.top1[b + t] = argmax(logits.data() + t * V);
+      out.p1[b + t] = static_cast<float>(top_probability(logits.data() + t * V, V));
+    }
+    forward_steps(w, pool_, s, a, S.plan_rest, cache_for);
+    forward_steps(w, pool_, s, a, S.plan_out, cache_for);
+    forward_head(w, pool_, s, a, 0, logits.data());
+    for (int64_t t = 0; t < T; ++t) out.top_all[b + t] = argmax(logits.data() + t * V);
+    S.pos += T;
+  }
+  return out;
+}
+
+std::vector<SlotFeatures> Session::exact_features() {
+  std::vector<SlotFeatures> out;
+  for (size_t layer = 0; layer < st_->caches.size(); ++layer)
+    for (size_t loop = 0; loop < st_->caches[layer].size(); ++loop) {
+      KvCache* kc = st_->caches[layer][loop].get();
+      if (!kc || !kc->has_store()) continue;
+      SlotFeatures f;
+      f.layer = static_cast<int>(layer);
+      f.loop = static_cast<int>(loop);
+      if (kc->exact_features(&f.lo, &f.hi, &f.f)) out.push_back(std::move(f));
+    }
+  return out;
 }
 
 int Session::gated_token(const ChunkArgs& a, float* logits) {

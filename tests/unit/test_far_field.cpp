@@ -9,6 +9,8 @@
 #include <cstring>
 
 #include <cmath>
+#include <cstdio>
+#include <functional>
 #include <random>
 
 #include "dory/error.h"
@@ -16,6 +18,8 @@
 #include "model/exact_rows.h"
 #include "model/far_field.h"
 #include "model/gate.h"
+#include "model/turbo.h"
+#include "format/gguf.h"
 #include "runtime/pool.h"
 #include "tiny_model.h"
 
@@ -330,4 +334,75 @@ TEST(ExactRows, OptionsAreChecked) {
   for (const char* bad : {"", "x", "0", "99999", ":5", "f:"}) EXPECT_THROW(parse_exact(bad), Error) << bad;
   EXPECT_EQ(parse_exact("t.gguf:64").source, "t.gguf");
   EXPECT_FALSE(parse_exact("off").on);
+}
+
+// --- Turbo files (SPEC section 7) --------------------------------------------
+
+namespace {
+std::string write_turbo_gguf(const std::function<void(gguf::Writer&)>& fill, const std::vector<std::vector<float>>& data) {
+  char tmpl[] = "/tmp/dory_turbo_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  close(fd);
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::str("dory"));
+  fill(w);
+  w.begin(tmpl);
+  for (const auto& d : data) w.write_tensor(d.data(), d.size() * 4);
+  w.finish();
+  return tmpl;
+}
+}  // namespace
+
+TEST(Turbo, KeysAndTensorsAreReadAndCheckedWithClearErrors) {
+  DoryConfig c = fixture::tiny()->config();  // H 64, 2 KV heads, 3 full layers
+  Turbo t;
+  t.present = true;
+  t.o1 = parse_o1("8,16,2,64");
+  t.exact_budget = 12;
+  t.router.dim = c.hidden;
+  t.router.rank_easy = 2, t.router.rank_hard = 1;
+  t.router.easy_mean.assign(64, 0.5f), t.router.hard_mean.assign(64, -0.5f);
+  t.router.easy_basis.assign(128, 0.1f), t.router.hard_basis.assign(64, 0.2f);
+  t.router.bias = -0.25;
+  t.exact_weights.assign(3 * 4, 0.75f);
+  const std::string ok = write_turbo_gguf([&](gguf::Writer& w) { declare_turbo(w, t, c); },
+                                          {t.router.easy_mean, t.router.easy_basis, t.router.hard_mean,
+                                           t.router.hard_basis, t.exact_weights});
+  const Turbo r = read_turbo(gguf::File(ok), c);
+  EXPECT_TRUE(r.present);
+  EXPECT_EQ(r.o1->str(), "8,16,2,64");
+  EXPECT_EQ(*r.exact_budget, 12);
+  EXPECT_EQ(r.router.rank_easy, 2);
+  EXPECT_EQ(r.router.rank_hard, 1);
+  EXPECT_FLOAT_EQ(static_cast<float>(r.router.bias), -0.25f);
+  EXPECT_EQ(r.exact_weights, t.exact_weights);
+  EXPECT_EQ(load_exact_weights(ok, c), t.exact_weights);
+  std::remove(ok.c_str());
+
+  auto expect_error = [&](const std::function<void(gguf::Writer&)>& fill, const std::vector<std::vector<float>>& d,
+                          const char* what) {
+    const std::string p = write_turbo_gguf(fill, d);
+    try {
+      read_turbo(gguf::File(p), c);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    std::remove(p.c_str());
+  };
+  expect_error([](gguf::Writer& w) { w.set("dory.turbo.o1", gguf::Value::array(gguf::VType::U32, {gguf::Value::u32(8)})); },
+               {}, "dory.turbo.o1");
+  expect_error([](gguf::Writer& w) {
+    w.set("dory.turbo.o1", gguf::Value::array(gguf::VType::U32, {gguf::Value::u32(8), gguf::Value::u32(16),
+                                                                  gguf::Value::u32(2), gguf::Value::u32(20)}));
+  }, {}, "seal");
+  expect_error([](gguf::Writer& w) { w.set("dory.turbo.exit_bias", gguf::Value::str("x")); }, {}, "dory.turbo.exit_bias");
+  expect_error([](gguf::Writer& w) { w.set("dory.turbo.exact_budget", gguf::Value::u32(100000)); }, {},
+               "dory.turbo.exact_budget");
+  expect_error([](gguf::Writer& w) { w.add_tensor("dory_router.easy_mean", DType::F32, {64}); },
+               {std::vector<float>(64, 1.0f)}, "needs all four");
+  expect_error([](gguf::Writer& w) { w.add_tensor("dory_exact.weight", DType::F32, {2, 4}); },
+               {std::vector<float>(8, 1.0f)}, "one row per full-attention layer");
+  expect_error([](gguf::Writer& w) { w.add_tensor("dory_exact.weight", DType::F32, {3, 5}); },
+               {std::vector<float>(15, 1.0f)}, "wrong shape");
 }
