@@ -21,6 +21,7 @@ struct BenchOpts {
   int n_prompt = 512;
   int n_gen = 128;
   int reps = 5;
+  int64_t depth = 0;  // tg after this many tokens of context (llama-bench's -d)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -63,8 +64,28 @@ int run_bench(const BenchOpts& o) {
     if (s.kv_bytes() > kv_max) kv_max = s.kv_bytes(), kv_split = s.kv_bytes_split();
     return tps;
   };
+  // With a depth, one session holds the context and every repetition goes on
+  // decoding from where the last stopped (a prefill of the whole depth per
+  // repetition would cost far more than the test).
+  std::unique_ptr<Session> deep;
   auto tg_once = [&] {
-    Session s(model, pool, o.run.session());
+    std::unique_ptr<Session> fresh;
+    if (o.depth > 0 && !deep) {
+      deep = std::make_unique<Session>(model, pool, o.run.session());
+      std::vector<int32_t> ctx(o.depth);
+      for (auto& id : ctx) id = tok(rng);
+      deep->prompt_end(o.depth);
+      ProgressLine progress("context");
+      for (int64_t b = 0; b < o.depth; b += 4096) {
+        const int64_t n = std::min<int64_t>(4096, o.depth - b);
+        deep->forward(std::span(ctx).subspan(b, n), Logits::None);
+        progress.update(b + n, o.depth);
+      }
+      progress.done();
+    }
+    if (!deep) fresh = std::make_unique<Session>(model, pool, o.run.session());
+    Session& s = deep ? *deep : *fresh;
+    const GateStats g0 = s.gate_stats();
     const auto t0 = Clock::now();
     for (int i = 0; i < o.n_gen; ++i) {
       int32_t id = tok(rng);
@@ -73,7 +94,8 @@ int run_bench(const BenchOpts& o) {
     const double tps = o.n_gen / seconds_since(t0);
     if (s.kv_bytes() > kv_max) kv_max = s.kv_bytes(), kv_split = s.kv_bytes_split();
     const GateStats g = s.gate_stats();
-    gates.gated += g.gated, gates.one_pass += g.one_pass, gates.readouts += g.readouts, gates.probes += g.probes;
+    gates.gated += g.gated - g0.gated, gates.one_pass += g.one_pass - g0.one_pass;
+    gates.readouts += g.readouts - g0.readouts, gates.probes += g.probes - g0.probes;
     gate_name = s.gate().str();
     return tps;
   };
@@ -95,10 +117,13 @@ int run_bench(const BenchOpts& o) {
     const double one = gates.one_pass_share();
     const double btok = loops > 1 ? bytes_tok - one * double(bytes_tok - model->bytes_per_token(1)) : bytes_tok;
     if (gbs) std::snprintf(gb, sizeof gb, "%.2f", m * btok / 1e9);
-    std::printf("| dory %.2fB %s | %s | %.3f B | %d | %s | %d | %s%d | %.2f ± %.2f | %s |\n",
+    char test[64];
+    if (o.depth > 0 && kind[0] == 't') std::snprintf(test, sizeof test, "%s%d @ d%lld", kind, n, (long long)o.depth);
+    else std::snprintf(test, sizeof test, "%s%d", kind, n);
+    std::printf("| dory %.2fB %s | %s | %.3f B | %d | %s | %d | %s | %.2f ± %.2f | %s |\n",
                 model->n_params() / 1e9, wtype.c_str(),
                 human_bytes(model->file_bytes()).c_str(), model->n_params() / 1e9, loops,
-                kv_mode_name(probe.kv_mode()), threads, kind, n, m, sd, gb);
+                kv_mode_name(probe.kv_mode()), threads, test, m, sd, gb);
     std::fflush(stdout);
   };
   if (o.n_prompt > 0) {
@@ -156,6 +181,9 @@ Runner add_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("-n,--n-gen", o->n_gen, "generated tokens per tg test (0 = skip)")
       ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("-d,--depth", o->depth, "run the tg test after this many tokens of context (not timed)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 22))
       ->capture_default_str();
   cmd->add_option("-r,--repetitions", o->reps, "repetitions of each test")
       ->check(CLI::Range(1, 1000))

@@ -20,6 +20,16 @@ bool parse_double(const std::string& s, double* out) {
   }
   return used == s.size() && std::isfinite(*out);
 }
+// The whole of s as a decimal integer.
+bool parse_int(const std::string& s, long long* out) {
+  size_t used = 0;
+  try {
+    *out = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return !s.empty() && used == s.size();
+}
 std::string fmt(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%g", v);
@@ -92,15 +102,8 @@ O1Params parse_o1(const std::string& s) {
   while (i <= s.size()) {
     size_t j = s.find(',', i);
     if (j == std::string::npos) j = s.size();
-    const std::string tok = s.substr(i, j - i);
-    size_t used = 0;
     long long x = 0;
-    try {
-      x = std::stoll(tok, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (tok.empty() || used != tok.size())
+    if (!parse_int(s.substr(i, j - i), &x))
       throw Error("--o1: '" + s + "' is not off or m,w,sink,seal (e.g. 32,128,4,1024)");
     v.push_back(x);
     i = j + 1;
@@ -123,14 +126,8 @@ ExactParams parse_exact(const std::string& s) {
   const std::string bad = "--exact: '" + s + "' is not off, ROWS or FILE:ROWS (e.g. 256 or turbo.gguf:256)";
   const size_t colon = s.rfind(':');
   const std::string rows = colon == std::string::npos ? s : s.substr(colon + 1);
-  size_t used = 0;
   long long n = 0;
-  try {
-    n = std::stoll(rows, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (rows.empty() || used != rows.size()) throw Error(bad);
+  if (!parse_int(rows, &n)) throw Error(bad);
   if (n < 1 || n > 8192) throw Error("--exact: " + rows + " rows is out of range (1..8192)");
   e.on = true;
   e.budget = n;

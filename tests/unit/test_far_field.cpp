@@ -269,13 +269,27 @@ std::vector<float> prompt_logits(const SessionOptions& o, const std::vector<int3
   }
   return l;
 }
+
+SessionOptions far_options() {
+  SessionOptions o;
+  o.kv = KvMode::LastLoop;
+  o.o1 = parse_o1("8,16,2,64");
+  return o;
+}
+
+int files_in(const char* dir_path) {
+  int n = 0;
+  if (DIR* dir = opendir(dir_path)) {
+    while (dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+    closedir(dir);
+  }
+  return n;
+}
 }  // namespace
 
 TEST(ExactRows, RamAndSpillFilesGiveIdenticalLogitsAndTheFilesGo) {
   const auto ids = fixture::ids(900, 3);
-  SessionOptions o;
-  o.kv = KvMode::LastLoop;
-  o.o1 = parse_o1("8,16,2,64");
+  SessionOptions o = far_options();
   const std::vector<float> plain = prompt_logits(o, ids);
   o.exact = parse_exact("12");
   o.exact->weights.assign(3 * 2 * 2, 1.0f);  // 3 full layers x 2 features x 2 KV heads
@@ -288,24 +302,26 @@ TEST(ExactRows, RamAndSpillFilesGiveIdenticalLogitsAndTheFilesGo) {
   char tmpl[] = "/tmp/dory_spill_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   o.spill_dir = tmpl;
+  {
+    // Between the seal and the prompt's end the rows wait in files: two per far-field slot
+    // (3 full layers under last_loop), and they go with the session.
+    ThreadPool pool(2);
+    Session s(fixture::tiny(), pool, o);
+    s.forward(std::span(ids).first(300), Logits::None);
+    EXPECT_EQ(files_in(tmpl), 6);
+  }
+  EXPECT_EQ(files_in(tmpl), 0);
   const std::vector<float> spilled = prompt_logits(o, ids);
   ASSERT_EQ(spilled.size(), ram.size());
   EXPECT_EQ(std::memcmp(spilled.data(), ram.data(), ram.size() * sizeof(float)), 0);
   // Every spill file is gone once the far fields were rebuilt.
-  int left = 0;
-  if (DIR* dir = opendir(tmpl)) {
-    while (dirent* e = readdir(dir)) left += e->d_name[0] != '.';
-    closedir(dir);
-  }
-  EXPECT_EQ(left, 0);
+  EXPECT_EQ(files_in(tmpl), 0);
   rmdir(tmpl);
 }
 
 TEST(ExactRows, AnUnusableSpillDirectoryLeavesTheFarFieldWorkingWithAWarning) {
   const auto ids = fixture::ids(900, 3);
-  SessionOptions o;
-  o.kv = KvMode::LastLoop;
-  o.o1 = parse_o1("8,16,2,64");
+  SessionOptions o = far_options();
   const std::vector<float> plain = prompt_logits(o, ids);
   o.exact = parse_exact("12");
   o.exact->weights.assign(12, 1.0f);
