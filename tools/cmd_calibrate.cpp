@@ -170,7 +170,7 @@ int run_calibrate(const CalibrateOpts& o) {
   // 1. The router, from the states after pass 1.
   const int64_t n_tok = std::min<int64_t>(o.tokens, static_cast<int64_t>(ids.size()));
   const int64_t H = c.hidden;
-  std::vector<float> states;
+  std::vector<float> states, p1;
   std::vector<bool> easy;
   std::fprintf(stderr, "router: %lld tokens of %s, %d loops, last_loop\n", (long long)n_tok, o.text.c_str(),
                probe_loops.loops());
@@ -180,14 +180,28 @@ int run_calibrate(const CalibrateOpts& o) {
     const ProbeRows pr = s.probe(std::span(ids).subspan(b, n));
     states.insert(states.end(), pr.state1.begin(), pr.state1.end());
     for (int64_t i = 0; i < n; ++i) easy.push_back(pr.top1[i] == pr.top_all[i]);
+    p1.insert(p1.end(), pr.p1.begin(), pr.p1.end());
     b += n;
     std::fprintf(stderr, "\r  %lld/%lld tokens, %.1f s", (long long)b, (long long)n_tok, since(t0));
   }
   std::fputc('\n', stderr);
-  const int64_t n_easy = std::count(easy.begin(), easy.end(), true);
-  if (n_easy < o.rank + 2 || n_tok - n_easy < o.rank + 2)
-    throw Error("router: " + std::to_string(n_easy) + " easy and " + std::to_string(n_tok - n_easy) +
-                " hard tokens; each needs more than the rank (" + std::to_string(o.rank) + "); give more text");
+  int64_t n_easy = std::count(easy.begin(), easy.end(), true);
+  if (n_easy < o.rank + 2 || n_tok - n_easy < o.rank + 2) {
+    // A model whose passes (nearly) always or never agree (random weights): split by the
+    // first read-out's confidence instead, so the router still tells surer tokens apart.
+    std::vector<float> sorted_p1 = p1;
+    std::nth_element(sorted_p1.begin(), sorted_p1.begin() + n_tok / 2, sorted_p1.end());
+    const float med = sorted_p1[n_tok / 2];
+    std::fprintf(stderr,
+                 "router: %lld of %lld tokens agree after one pass, too few on one side for rank %d; easy = the "
+                 "%s half by the first read-out's top probability instead\n",
+                 (long long)n_easy, (long long)n_tok, o.rank, "surer");
+    for (int64_t i = 0; i < n_tok; ++i) easy[i] = p1[i] > med;
+    n_easy = std::count(easy.begin(), easy.end(), true);
+    if (n_easy < o.rank + 2 || n_tok - n_easy < o.rank + 2)
+      throw Error("router: " + std::to_string(n_easy) + " easy and " + std::to_string(n_tok - n_easy) +
+                  " hard tokens; each needs more than the rank (" + std::to_string(o.rank) + "); give more text");
+  }
   Turbo turbo;
   Router& r = turbo.router;
   r.dim = H;

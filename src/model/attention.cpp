@@ -84,38 +84,52 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
     std::copy_n(s.v.data() + t * KW, KW, vc);
   }
 
-  // Softmax attention per (row, query head).
+  // Softmax attention per (row, KV head): the query heads that share a KV head go
+  // together, so each key and value row is read from memory once for all of them
+  // (at long context the caches are far larger than the caches of the CPU).
   const kern::KernelSet& kk = kern::kernels();
   const float inv_sqrt_hd = static_cast<float>(1.0 / std::sqrt(double(hd)));
   const bool sliding = L.kind == 'S';
-  pool.run(T * nh, [&](int64_t task) {
-    const int64_t t = task / nh, h = task % nh, kvh = h / group;
+  pool.run(T * nk, [&](int64_t task) {
+    const int64_t t = task / nk, kvh = task % nk;
     const int64_t p = a.position(t);
     const KvCache& cache = *caches[a.sequence(t)];
-    const int64_t lo = sliding ? std::max<int64_t>(0, p - c.swa_window + 1) : 0;
-    const float* qh = s.q.data() + t * QW + h * hd;
-    float* out = s.att.data() + t * QW + h * hd;
+    const float* q0 = s.q.data() + t * QW + kvh * group * hd;  // the group's first query head
+    float* out0 = s.att.data() + t * QW + kvh * group * hd;
     if (!sliding && cache.far()) {
       // Sealed full slot: exact over the pinned rows and the window, Nystrom over the rest.
-      cache.far()->attend(h, qh, p, [&](int64_t j) { return cache.k(j); }, [&](int64_t j) { return cache.v(j); },
-                          out);
+      for (int64_t i = 0; i < group; ++i)
+        cache.far()->attend(kvh * group + i, q0 + i * hd, p, [&](int64_t j) { return cache.k(j); },
+                            [&](int64_t j) { return cache.v(j); }, out0 + i * hd);
       return;
     }
-    std::vector<float> sc(p - lo + 1);
-    float mx = -INFINITY;
+    const int64_t lo = sliding ? std::max<int64_t>(0, p - c.swa_window + 1) : 0, n = p - lo + 1;
+    thread_local std::vector<float> sc;
+    sc.resize(group * n);
+    std::vector<float> mx(group, -INFINITY);
     for (int64_t j = lo; j <= p; ++j) {
-      float v = kk.dot(qh, cache.k(j) + kvh * hd, hd) * inv_sqrt_hd;
-      sc[j - lo] = v;
-      mx = std::max(mx, v);
+      const float* kr = cache.k(j) + kvh * hd;
+      for (int64_t i = 0; i < group; ++i) {
+        const float v = kk.dot(q0 + i * hd, kr, hd) * inv_sqrt_hd;
+        sc[i * n + (j - lo)] = v;
+        mx[i] = std::max(mx[i], v);
+      }
     }
-    double sum = 0;
-    for (float& v : sc) {
-      v = std::exp(v - mx);
-      sum += v;
+    for (int64_t i = 0; i < group; ++i) {
+      float* si = sc.data() + i * n;
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        si[j] = std::exp(si[j] - mx[i]);
+        sum += si[j];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < n; ++j) si[j] *= inv;
+      std::fill_n(out0 + i * hd, hd, 0.0f);
     }
-    std::fill_n(out, hd, 0.0f);
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t j = lo; j <= p; ++j) kk.axpy(sc[j - lo] * inv, cache.v(j) + kvh * hd, out, hd);
+    for (int64_t j = lo; j <= p; ++j) {
+      const float* vr = cache.v(j) + kvh * hd;
+      for (int64_t i = 0; i < group; ++i) kk.axpy(sc[i * n + (j - lo)], vr, out0 + i * hd, hd);
+    }
   });
 
   // Output gate, then n() over the whole nh*hd row, then o_proj.
