@@ -104,31 +104,30 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
       return;
     }
     const int64_t lo = sliding ? std::max<int64_t>(0, p - c.swa_window + 1) : 0, n = p - lo + 1;
+    const int64_t stride = cache.row_width();
+    const int nq = static_cast<int>(group);
     thread_local std::vector<float> sc;
     sc.resize(group * n);
-    std::vector<float> mx(group, -INFINITY);
-    for (int64_t j = lo; j <= p; ++j) {
-      const float* kr = cache.k(j) + kvh * hd;
-      for (int64_t i = 0; i < group; ++i) {
-        const float v = kk.dot(q0 + i * hd, kr, hd) * inv_sqrt_hd;
-        sc[i * n + (j - lo)] = v;
-        mx[i] = std::max(mx[i], v);
-      }
+    // Scores and weighted values over the rows' contiguous runs (a ring wraps once at most).
+    for (int64_t j0 = lo, j1; j0 <= p; j0 = j1) {
+      j1 = cache.run_end(j0, p + 1);
+      kk.attn_scores(q0, nq, cache.k(j0) + kvh * hd, stride, j1 - j0, hd, sc.data() + (j0 - lo), n);
     }
     for (int64_t i = 0; i < group; ++i) {
       float* si = sc.data() + i * n;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, si[j] *= inv_sqrt_hd);
       double sum = 0;
       for (int64_t j = 0; j < n; ++j) {
-        si[j] = std::exp(si[j] - mx[i]);
+        si[j] = std::exp(si[j] - mx);
         sum += si[j];
       }
       const float inv = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j < n; ++j) si[j] *= inv;
-      std::fill_n(out0 + i * hd, hd, 0.0f);
     }
-    for (int64_t j = lo; j <= p; ++j) {
-      const float* vr = cache.v(j) + kvh * hd;
-      for (int64_t i = 0; i < group; ++i) kk.axpy(sc[i * n + (j - lo)], vr, out0 + i * hd, hd);
+    for (int64_t j0 = lo, j1; j0 <= p; j0 = j1) {
+      j1 = cache.run_end(j0, p + 1);
+      kk.attn_values(sc.data() + (j0 - lo), n, nq, cache.v(j0) + kvh * hd, stride, j1 - j0, hd, out0, j0 > lo);
     }
   });
 

@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,6 +56,12 @@ class KvCache {
   // one in 8 afterwards while a store waits for the prompt's end.
   bool wants_q(int64_t pos) const { return far_on_ && (!far_ || (store_ && pos % 8 == 0)); }
   void put_q(int64_t pos, const float* q);
+
+  // Rows from pos on that lie one after another in memory (a ring wraps), up to end.
+  int64_t run_end(int64_t pos, int64_t end) const {
+    return ring_ ? std::min(end, pos - pos % ring_ + ring_) : end;
+  }
+  int64_t row_width() const { return width_; }
 
   int64_t rows() const { return rows_; }         // positions [first(), rows()) are held
   int64_t first() const { return first_; }

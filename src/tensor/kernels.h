@@ -63,6 +63,15 @@ struct KernelSet {
   // computation). Its float sums run in another order than matvec's, so the
   // two agree to rounding, not to the bit.
   void (*matmat_qa)(const Mat& w, const uint8_t* xb, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
+
+  // Attention over n cache rows (row j at k + j*stride, hd floats) for nq query
+  // heads that share them (q_i at q + i*hd):
+  //   attn_scores: s[i*lds + j] = q_i . k_j
+  //   attn_values: out_i (+)= sum_j w[i*ldw + j] v_j  (out_i at out + i*hd; add: accumulate)
+  void (*attn_scores)(const float* q, int nq, const float* k, int64_t stride, int64_t n, int64_t hd, float* s,
+                      int64_t lds);
+  void (*attn_values)(const float* w, int64_t ldw, int nq, const float* v, int64_t stride, int64_t n, int64_t hd,
+                      float* out, bool add);
 };
 
 extern const KernelSet kScalar;

@@ -1098,7 +1098,9 @@ constexpr KernelSet make_qset(const char* name) {
                    qk::matvec_qa<D>,
                    qk::batch_bytes,
                    qk::quantize_batch,
-                   qk::matmat_qa<D>};
+                   qk::matmat_qa<D>,
+                   attn_scores_t<V>,
+                   attn_values_t<V>};
 }
 
 }  // namespace

@@ -216,9 +216,24 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 
 }  // namespace
 
+void attn_scores(const float* q, int nq, const float* k, int64_t stride, int64_t n, int64_t hd, float* s,
+                 int64_t lds) {
+  for (int i = 0; i < nq; ++i)
+    for (int64_t j = 0; j < n; ++j) s[i * lds + j] = dot(q + i * hd, k + j * stride, hd);
+}
+
+void attn_values(const float* w, int64_t ldw, int nq, const float* v, int64_t stride, int64_t n, int64_t hd,
+                 float* out, bool add) {
+  for (int i = 0; i < nq; ++i) {
+    float* o = out + i * hd;
+    if (!add) std::memset(o, 0, hd * sizeof(float));
+    for (int64_t j = 0; j < n; ++j) axpy(w[i * ldw + j], v + j * stride, o, hd);
+  }
+}
+
 const KernelSet kScalar{"scalar", matvec, matmat, dot, axpy, dequantize_row,
                         act_row_bytes, quantize_act, matvec_qa,
-                        batch_bytes, quantize_batch, matmat_qa};
+                        batch_bytes, quantize_batch, matmat_qa, attn_scores, attn_values};
 
 }  // namespace kern
 }  // namespace dory

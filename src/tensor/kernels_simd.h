@@ -154,5 +154,89 @@ void axpy_t(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// Scores for NI query heads x 4 keys at a time: 4*NI accumulators, each key row
+// loaded once per vector for all heads.
+template <class V, int NI>
+inline void attn_scores_heads(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd, float* s,
+                              int64_t lds) {
+  constexpr int W = V::W;
+  const int64_t hv = hd / W * W;
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    typename V::reg acc[NI][4];
+    for (int i = 0; i < NI; ++i)
+      for (int c = 0; c < 4; ++c) acc[i][c] = V::zero();
+    for (int64_t d = 0; d < hv; d += W) {
+      typename V::reg kv[4];
+      for (int c = 0; c < 4; ++c) kv[c] = V::load_f32(k + (j + c) * stride + d);
+      for (int i = 0; i < NI; ++i) {
+        const typename V::reg qv = V::load_f32(q + i * hd + d);
+        for (int c = 0; c < 4; ++c) acc[i][c] = V::fma(qv, kv[c], acc[i][c]);
+      }
+    }
+    for (int i = 0; i < NI; ++i)
+      for (int c = 0; c < 4; ++c) {
+        float v = V::hsum(acc[i][c]);
+        for (int64_t d = hv; d < hd; ++d) v += q[i * hd + d] * k[(j + c) * stride + d];
+        s[i * lds + j + c] = v;
+      }
+  }
+  for (; j < n; ++j)
+    for (int i = 0; i < NI; ++i) {
+      const uint8_t* row = reinterpret_cast<const uint8_t*>(k + j * stride);
+      float v;
+      rows_dot<V, 1>(DType::F32, &row, q + i * hd, hd, &v);
+      s[i * lds + j] = v;
+    }
+}
+
+template <class V>
+void attn_scores_t(const float* q, int nq, const float* k, int64_t stride, int64_t n, int64_t hd, float* s,
+                   int64_t lds) {
+  int i = 0;
+  for (; i + 4 <= nq; i += 4) attn_scores_heads<V, 4>(q + i * hd, k, stride, n, hd, s + i * lds, lds);
+  for (; i + 2 <= nq; i += 2) attn_scores_heads<V, 2>(q + i * hd, k, stride, n, hd, s + i * lds, lds);
+  for (; i < nq; ++i) attn_scores_heads<V, 1>(q + i * hd, k, stride, n, hd, s + i * lds, lds);
+}
+
+// Values for NI heads over a block of 4 vectors of dims: 4*NI accumulators stay in
+// registers across all n rows.
+template <class V, int NI>
+inline void attn_values_heads(const float* w, int64_t ldw, const float* v, int64_t stride, int64_t n, int64_t hd,
+                              float* out, bool add) {
+  constexpr int W = V::W;
+  int64_t d0 = 0;
+  for (; d0 + 4 * W <= hd; d0 += 4 * W) {
+    typename V::reg acc[NI][4];
+    for (int i = 0; i < NI; ++i)
+      for (int c = 0; c < 4; ++c) acc[i][c] = add ? V::load_f32(out + i * hd + d0 + c * W) : V::zero();
+    for (int64_t j = 0; j < n; ++j) {
+      typename V::reg vv[4];
+      for (int c = 0; c < 4; ++c) vv[c] = V::load_f32(v + j * stride + d0 + c * W);
+      for (int i = 0; i < NI; ++i) {
+        const typename V::reg wb = V::set1(w[i * ldw + j]);
+        for (int c = 0; c < 4; ++c) acc[i][c] = V::fma(wb, vv[c], acc[i][c]);
+      }
+    }
+    for (int i = 0; i < NI; ++i)
+      for (int c = 0; c < 4; ++c) V::store(out + i * hd + d0 + c * W, acc[i][c]);
+  }
+  for (; d0 < hd; ++d0)  // the dims past the last whole block
+    for (int i = 0; i < NI; ++i) {
+      float a = add ? out[i * hd + d0] : 0.0f;
+      for (int64_t j = 0; j < n; ++j) a += w[i * ldw + j] * v[j * stride + d0];
+      out[i * hd + d0] = a;
+    }
+}
+
+template <class V>
+void attn_values_t(const float* w, int64_t ldw, int nq, const float* v, int64_t stride, int64_t n, int64_t hd,
+                   float* out, bool add) {
+  int i = 0;
+  for (; i + 4 <= nq; i += 4) attn_values_heads<V, 4>(w + i * ldw, ldw, v, stride, n, hd, out + i * hd, add);
+  for (; i + 2 <= nq; i += 2) attn_values_heads<V, 2>(w + i * ldw, ldw, v, stride, n, hd, out + i * hd, add);
+  for (; i < nq; ++i) attn_values_heads<V, 1>(w + i * ldw, ldw, v, stride, n, hd, out + i * hd, add);
+}
+
 }  // namespace
 }  // namespace dory::kern

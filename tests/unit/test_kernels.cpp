@@ -116,3 +116,47 @@ TEST(Kernels, HalfTailsDecodeLikeTheReference) {
     }
   }
 }
+
+// The attention kernels (scores and weighted values for the query heads of a GQA
+// group over strided cache rows) against the scalar set, on odd shapes.
+TEST(Kernels, AttentionKernelsMatchScalar) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const kern::KernelSet* ks : kern::supported()) {
+    for (int nq : {1, 2, 3, 4, 5, 8})
+      for (int64_t hd : {1, 7, 16, 64, 65, 256})
+        for (int64_t n : {1, 3, 4, 5, 17}) {
+          SCOPED_TRACE(std::string(ks->name) + " nq " + std::to_string(nq) + " hd " + std::to_string(hd) + " n " +
+                       std::to_string(n));
+          const int64_t stride = hd * 2 + 3, lds = n + 2;
+          std::vector<float> q(nq * hd), kv(n * stride), w(nq * lds);
+          for (float& x : q) x = nd(rng);
+          for (float& x : kv) x = nd(rng);
+          for (float& x : w) x = nd(rng);
+          std::vector<float> s_ref(nq * lds, -9.0f), s_got(nq * lds, -9.0f);
+          kern::kScalar.attn_scores(q.data(), nq, kv.data(), stride, n, hd, s_ref.data(), lds);
+          ks->attn_scores(q.data(), nq, kv.data(), stride, n, hd, s_got.data(), lds);
+          for (int i = 0; i < nq; ++i)
+            for (int64_t j = 0; j < lds; ++j) {
+              if (j >= n) {
+                ASSERT_EQ(s_got[i * lds + j], -9.0f) << "wrote past n";
+                continue;
+              }
+              float mag = 0;
+              for (int64_t d = 0; d < hd; ++d) mag += std::fabs(q[i * hd + d] * kv[j * stride + d]);
+              ASSERT_NEAR(s_got[i * lds + j], s_ref[i * lds + j], 1e-5f * mag + 1e-6f);
+            }
+          for (bool add : {false, true}) {
+            std::vector<float> o_ref(nq * hd, 0.5f), o_got(nq * hd, 0.5f);
+            kern::kScalar.attn_values(w.data(), lds, nq, kv.data(), stride, n, hd, o_ref.data(), add);
+            ks->attn_values(w.data(), lds, nq, kv.data(), stride, n, hd, o_got.data(), add);
+            for (int i = 0; i < nq; ++i)
+              for (int64_t d = 0; d < hd; ++d) {
+                float mag = add ? 0.5f : 0.0f;
+                for (int64_t j = 0; j < n; ++j) mag += std::fabs(w[i * lds + j] * kv[j * stride + d]);
+                ASSERT_NEAR(o_got[i * hd + d], o_ref[i * hd + d], 1e-5f * mag + 1e-6f) << "add " << add;
+              }
+          }
+        }
+  }
+}
