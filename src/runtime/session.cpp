@@ -128,7 +128,8 @@ Session::Session(std::shared_ptr<const Model> model, ThreadPool& pool, SessionOp
   // Exact rows: the option's, else the turbo file's budget with its weights.
   if (opts.exact) {
     S.exact = *opts.exact;
-  } else if (turbo.exact_budget && *turbo.exact_budget > 0 && !turbo.exact_weights.empty()) {
+  } else if (S.o1.on && turbo.exact_budget && *turbo.exact_budget > 0 && !turbo.exact_weights.empty()) {
+    // (the file's default follows the far field: with --o1 off there is nothing to keep exact)
     S.exact.on = true;
     S.exact.budget = *turbo.exact_budget;
     S.exact.source = "the model file";

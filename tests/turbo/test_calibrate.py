@@ -78,6 +78,11 @@ class Calibrate(G.Turbo):
                            capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("kv per_loop | prompt loops 0 | gate off | o1 off", r.stderr)
+        # --o1 off alone drops the file's exact rows with it (they only exist past the seal).
+        r = subprocess.run([dory(), "run", "-m", t, "-p", "And the king said", "-n", "4", "--verbose", "--o1",
+                            "off", "-t", str(P.THREADS)], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("gate recon | o1 off", r.stderr)
 
     def test_everything_off_is_the_plain_model(self):
         t = turbo(self)
