@@ -36,10 +36,10 @@ int run_run(const RunCmdOpts& o) {
   const Session& ss = ts.session();
   if (o.verbose)
     std::fprintf(stderr,
-                 "model %s | %d threads | loops %d | kv %s | prompt loops %d | gate %s | o1 %s | seed %llu | "
-                 "prompt %zu tokens\n",
+                 "model %s | %d threads | loops %d | kv %s | prompt loops %d | gate %s | o1 %s | exact %s | "
+                 "seed %llu | prompt %zu tokens\n",
                  m.model->path().c_str(), pool.size(), ss.loops(), kv_mode_name(ss.kv_mode()), ss.prompt_loops(),
-                 ss.gate().str().c_str(), ss.o1().str().c_str(), (unsigned long long)sampler.seed(), ids.size());
+                 ss.gate().str().c_str(), ss.o1().str().c_str(), ss.exact().str().c_str(), (unsigned long long)sampler.seed(), ids.size());
 
   ProgressLine progress("prompt");
   const PrefillStats pf = ts.prefill(ids, [&](int64_t d, int64_t t) { progress.update(d, t); });

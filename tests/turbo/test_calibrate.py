@@ -70,19 +70,19 @@ class Calibrate(G.Turbo):
         r = subprocess.run([dory(), "run", "-m", t, "-p", "And the king said", "-n", "24", "--temp", "0",
                             "--verbose", "-t", str(P.THREADS)], capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("kv last_loop | prompt loops 1 | gate recon | o1 16,64,4,256", r.stderr)
+        self.assertIn("kv last_loop | prompt loops 1 | gate recon | o1 16,64,4,256 | exact 32 |", r.stderr)
         self.assertRegex(r.stderr, r"gate recon: 2[34] tokens gated, [\d.]+% left after one pass")
         # Each flag overrides its own default.
         r = subprocess.run([dory(), "run", "-m", t, "-p", "And the king said", "-n", "4", "--verbose", "--kv",
                             "per_loop", "--gate", "off", "--o1", "off", "--exact", "off", "-t", str(P.THREADS)],
                            capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("kv per_loop | prompt loops 0 | gate off | o1 off", r.stderr)
+        self.assertIn("kv per_loop | prompt loops 0 | gate off | o1 off | exact off |", r.stderr)
         # --o1 off alone drops the file's exact rows with it (they only exist past the seal).
         r = subprocess.run([dory(), "run", "-m", t, "-p", "And the king said", "-n", "4", "--verbose", "--o1",
                             "off", "-t", str(P.THREADS)], capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("gate recon | o1 off", r.stderr)
+        self.assertIn("gate recon | o1 off | exact off |", r.stderr)
 
     def test_everything_off_is_the_plain_model(self):
         t = turbo(self)
