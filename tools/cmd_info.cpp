@@ -81,6 +81,24 @@ int run_info(const std::string& path) {
               human_bytes(model->bytes_per_token(static_cast<int>(c.n_loops))).c_str(),
               (long long)c.n_loops);
   if (gf) {
+    // The file's own tensor types (the dtype lines above are the weights as loaded).
+    struct Mix {
+      int64_t n = 0, elems = 0;
+      uint64_t bytes = 0;
+    };
+    std::map<std::string, Mix> mix;
+    for (const auto& t : gf->tensors()) {
+      DType dt;
+      Mix& m = mix[gguf::dtype_from_ggml(t.ggml_type, &dt) ? dtype_name(dt)
+                                                            : "ggml type " + std::to_string(t.ggml_type)];
+      int64_t e = 1;
+      for (int64_t d : t.ne) e *= d;
+      ++m.n, m.elems += e, m.bytes += t.nbytes;
+    }
+    std::printf("file tensors\n");
+    for (const auto& [name, m] : mix)
+      std::printf("  %-8s %5lld tensors, %lld elements, %s\n", name.c_str(), (long long)m.n, (long long)m.elems,
+                  human_bytes(m.bytes).c_str());
     std::printf("metadata\n");
     for (const auto& [k, v] : gf->metadata())
       std::printf("  %-36s %-6s %s\n", k.c_str(), gguf::vtype_name(v.type), v.show().c_str());

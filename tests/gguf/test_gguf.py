@@ -7,6 +7,7 @@ Every test FAILS (does not skip) when DORY_BIN is unset.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -206,6 +207,12 @@ class Info(unittest.TestCase):
         self.assertIn("dory.layer_pattern", out)
         self.assertRegex(out, r"Q8_0\s+\d+ tensors")
         self.assertRegex(out, r"F32\s+\d+ tensors")
+        # The file's own types: their counts add up to the header's tensor count.
+        total = int(re.search(r"GGUF v3, (\d+) tensors", out).group(1))
+        section = out.split("file tensors\n", 1)[1].split("metadata\n", 1)[0]
+        counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^  (\S+)\s+(\d+) tensors", section, re.M)}
+        self.assertEqual(set(counts), {"Q8_0", "F32", "BF16"}, section)  # BF16: token_embd (the q8_0 recipe)
+        self.assertEqual(sum(counts.values()), total, section)
 
 
 class TokenizerFromGguf(unittest.TestCase):
