@@ -854,7 +854,7 @@ TEST(QuantKernels, LinearMultiQuantizesOnceAndMatchesTheKernels) {
     quantize_row(types[i], wf.data(), bufs.back().data(), rows_of[i] * cols);
   }
   for (int i = 0; i < 5; ++i) mats.push_back(kern::Mat{types[i], bufs[i].data(), rows_of[i], cols});
-  for (int64_t T : {1, 2, 37, 64}) {
+  for (int64_t T : {1, 2, 3, 4, 37, 64}) {
     const auto x = gaussian(T * cols, rng);
     std::vector<std::vector<float>> ys(5);
     std::vector<LinearOut> outs;
@@ -865,8 +865,12 @@ TEST(QuantKernels, LinearMultiQuantizesOnceAndMatchesTheKernels) {
     linear_multi(pool, x.data(), T, outs);
     for (int i = 0; i < 5; ++i) {
       std::vector<float> ref(T * rows_of[i]);
-      if (T == 1) k.matvec(mats[i], x.data(), ref.data(), 0, rows_of[i]);
-      else k.matmat(mats[i], x.data(), T, cols, ref.data(), rows_of[i], 0, rows_of[i]);
+      if (T == 1 || (T <= 3 && dtype_is_quantized(types[i]))) {  // 2-3 quantized rows: matvec each
+        for (int64_t t = 0; t < T; ++t)
+          k.matvec(mats[i], x.data() + t * cols, ref.data() + t * rows_of[i], 0, rows_of[i]);
+      } else {
+        k.matmat(mats[i], x.data(), T, cols, ref.data(), rows_of[i], 0, rows_of[i]);
+      }
       for (int64_t j = 0; j < T * rows_of[i]; ++j)
         ASSERT_EQ(ys[i][j], ref[j]) << k.name << " " << dtype_name(types[i]) << " T=" << T << " j=" << j;
     }
