@@ -82,7 +82,8 @@ void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector
   // memory (the GEMM prefetches the rest, within the task).
   bool quantized = false;
   for (const LinearOut& o : outs) quantized |= dtype_is_quantized(o.w->dtype);
-  const int64_t block = T == 1 || (rowwise && quantized) ? 128 : quantized ? 64 : 16;
+  // (float weights below 8 rows run matmat's few-rows path, one stream like matvec's)
+  const int64_t block = T == 1 || (rowwise && quantized) || (!quantized && T < 8) ? 128 : quantized ? 64 : 16;
   std::vector<int64_t> first_task(outs.size() + 1, 0);
   for (size_t i = 0; i < outs.size(); ++i)
     first_task[i + 1] = first_task[i] + (outs[i].w->rows + block - 1) / block;

@@ -99,12 +99,81 @@ inline void to_f32(DType d, const uint8_t* p, float* out, int64_t n) {
   for (; i < n; ++i) out[i] = scalar_w(d, p, i);
 }
 
+// y_t[i] = rows[i] . x_t for R weight rows and NT activation rows (x_t at
+// x + t*ldx, y_t[i] at y + t*ldy + i): each weight vector is loaded and
+// converted once for all NT rows. Per (row, t) the sums run as rows_dot's, so
+// a row comes out with the same bits as matvec's.
+template <class V, int R, int NT>
+inline void rows_dot_nt(DType d, const uint8_t* const* rows, const float* x, int64_t ldx, int64_t n, float* y,
+                        int64_t ldy) {
+  constexpr int W = V::W;
+  const int es = d == DType::F32 ? 4 : 2;
+  typename V::reg acc[NT][R];
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < R; ++i) acc[t][i] = V::zero();
+  int64_t c = 0;
+  for (; c + W <= n; c += W) {
+    typename V::reg wv[R];
+    for (int i = 0; i < R; ++i) wv[i] = load_w<V>(d, rows[i] + c * es);
+    for (int t = 0; t < NT; ++t) {
+      const typename V::reg xv = V::load_f32(x + t * ldx + c);
+      for (int i = 0; i < R; ++i) acc[t][i] = V::fma(wv[i], xv, acc[t][i]);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < R; ++i) {
+      float s = V::hsum(acc[t][i]);
+      for (int64_t cc = c; cc < n; ++cc) s += scalar_w(d, rows[i], cc) * x[t * ldx + cc];
+      y[t * ldy + i] = s;
+    }
+}
+
+// A few activation rows (decode of a few sessions together): two weight rows at
+// a time against up to 4 activation rows, straight from the weights (the
+// blocked path below pays a conversion to float that only many rows amortize).
+template <class V>
+void matmat_few_t(const Mat& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy, int64_t r0,
+                  int64_t r1) {
+  constexpr int64_t kAhead = 4096;  // as matvec_t: a steady prefetch distance over the task's rows
+  const int es = w.dtype == DType::F32 ? 4 : 2;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const int64_t n = w.cols, stride = n * es;
+  const uint8_t* end = base + r1 * stride;
+  auto ask = [](const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); };
+  for (int64_t i = 0; i < kAhead && base + r0 * stride + i < end; i += 64) ask(base + r0 * stride + i);
+  for (int64_t r = r0; r < r1; r += 2) {
+    const uint8_t* rows[2] = {base + r * stride, base + (r + 1) * stride};
+    const bool two = r + 1 < r1;
+    for (int64_t i = 0; i < 2 * stride && rows[0] + kAhead + i < end; i += 64) ask(rows[0] + kAhead + i);
+    for (int64_t t = 0; t < T;) {
+      const float* xt = x + t * ldx;
+      float* yt = y + t * ldy + r;
+      const int64_t left = T - t;
+      if (left >= 4) {
+        two ? rows_dot_nt<V, 2, 4>(w.dtype, rows, xt, ldx, n, yt, ldy)
+            : rows_dot_nt<V, 1, 4>(w.dtype, rows, xt, ldx, n, yt, ldy);
+        t += 4;
+      } else if (left >= 2) {
+        two ? rows_dot_nt<V, 2, 2>(w.dtype, rows, xt, ldx, n, yt, ldy)
+            : rows_dot_nt<V, 1, 2>(w.dtype, rows, xt, ldx, n, yt, ldy);
+        t += 2;
+      } else {
+        two ? rows_dot_nt<V, 2, 1>(w.dtype, rows, xt, ldx, n, yt, ldy)
+            : rows_dot_nt<V, 1, 1>(w.dtype, rows, xt, ldx, n, yt, ldy);
+        t += 1;
+      }
+    }
+  }
+}
+
 // Batched product: blocks of 4 weight rows x kKc columns are converted to float
 // once (on the stack) and reused for every activation row of the chunk, whose
-// kKc-column slice stays in cache.
+// kKc-column slice stays in cache. Below kFew rows, matmat_few_t.
 template <class V>
 void matmat_t(const Mat& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
               int64_t r0, int64_t r1) {
+  constexpr int64_t kFew = 8;
+  if (T < kFew) return matmat_few_t<V>(w, x, T, ldx, y, ldy, r0, r1);
   constexpr int64_t kKc = 512;
   constexpr int kR = 4;
   alignas(64) float buf[kR][kKc];
