@@ -44,7 +44,7 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
       ->check(CLI::Range(1, 1024));
   app->add_option("--loops", o.loops, "recurrent passes per token, 1..16 (default: the model's)")
       ->check(CLI::Range(1, 16));
-  app->add_option("--kv", o.kv, "recurrent KV cache mode (default: the model's)")
+  app->add_option("--kv", o.kv, "recurrent KV cache mode (default: the model's; last_loop on a turbo model file)")
       ->check(CLI::IsMember({"per_loop", "last_loop"}));
   app->add_option("--chunk", o.chunk, "prompt rows per batched forward")
       ->check(CLI::Range(1, 4096))
