@@ -910,8 +910,13 @@ void gemm(const Mat& w, const uint8_t* xb, int64_t T, float* y, int64_t ldy, int
         const int64_t lpr = (hi - lo + 63) / 64 + 1, total = pf_rows * lpr;
         int64_t part = 0;
         for_tiles<NT>(t0, t1, [&](auto nt, int64_t t) {
-          for (int64_t l = part * total / tiles; l < (part + 1) * total / tiles; ++l)
-            _mm_prefetch(reinterpret_cast<const char*>(pf + (l / lpr) * rb + lo + (l % lpr) * 64), _MM_HINT_T1);
+          // This tile's share of the lines [a, b): one division per tile, not per line.
+          const int64_t a = part * total / tiles, b = (part + 1) * total / tiles;
+          const uint8_t* rowp = pf + (a / lpr) * rb + lo;
+          for (int64_t l = a, li = a % lpr; l < b; ++l) {
+            _mm_prefetch(reinterpret_cast<const char*>(rowp + li * 64), _MM_HINT_T1);
+            if (++li == lpr) li = 0, rowp += rb;
+          }
           ++part;
           tile<G, Ty, decltype(nt)::value>(P, kc, c0, xb + t / kGT * B.group, static_cast<int>(t % kGT),
                                            P.acc[t - t0], L, L, c0 == 0);
