@@ -30,8 +30,9 @@ namespace {
 // Q8_0 and Q4_0 share one input form, the K types another.
 int act_form(DType t) { return t == DType::Q8_0 || t == DType::Q4_0 ? 0 : 1; }
 
-// Batches of up to kRowwiseMax rows run row by row over blocks of kRowwiseSub
-// weight rows (see linear_multi).
+// Quantized weights: up to kRowwiseMax input rows run row by row through the
+// matrix-vector kernel, over blocks of kRowwiseSub weight rows when more than one
+// (see linear_multi).
 constexpr int64_t kRowwiseMax = 3, kRowwiseSub = 64;
 
 }  // namespace
@@ -42,14 +43,10 @@ void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector
   const int64_t cols = outs[0].w->cols;
   // Quantized weights: the input is quantized here once per form (rows spread
   // over the pool), not by each task; the kernels' per-thread memo would
-  // compare the whole input on every call.
-  // Quantized weights and a few rows (decode of 2-3 slots together): the
-  // matrix-vector kernel once per row over 64-row weight blocks, whose bytes
-  // come from memory for the first row and from L2 for the others, instead of
-  // the GEMM, whose panel packing costs more than it saves at so few rows.
-  // 4B-shaped Q4_0, 2 threads, one decode step of T slots (ms), GEMM -> this:
-  // T=2 186 -> 114, T=3 199 -> 161, T=4 204 -> 207 (T=1 83).
-  const bool rowwise = T > 1 && T <= kRowwiseMax;
+  // compare the whole input on every call. Up to kRowwiseMax rows (one token,
+  // or decode of 2-3 slots together) go row by row through the matrix-vector
+  // kernel, the others through the GEMM (row layouts differ: act rows vs batch).
+  const bool rowwise = T <= kRowwiseMax;
   thread_local kern::AlignedBuf qbuf[2];  // the calling thread's quantized inputs
   const uint8_t* xq[2] = {nullptr, nullptr};
   uint64_t xq_stride[2] = {0, 0};
@@ -58,7 +55,7 @@ void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector
     const int f = act_form(o.w->dtype);
     if (xq[f]) continue;
     const DType t = o.w->dtype;
-    if (T == 1 || rowwise) {
+    if (rowwise) {
       const uint64_t stride = (k.act_row_bytes(t, cols) + 63) / 64 * 64;
       uint8_t* buf = qbuf[f].get(stride * T);
       if (T == 1) k.quantize_act(t, x, cols, buf);
@@ -82,8 +79,8 @@ void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector
   // memory (the GEMM prefetches the rest, within the task).
   bool quantized = false;
   for (const LinearOut& o : outs) quantized |= dtype_is_quantized(o.w->dtype);
-  // (float weights below 8 rows run matmat's few-rows path, one stream like matvec's)
-  const int64_t block = T == 1 || (rowwise && quantized) || (!quantized && T < 8) ? 128 : quantized ? 64 : 16;
+  // (float weights below kMatmatFewRows rows: matmat's few-rows path, one stream like matvec's)
+  const int64_t block = (quantized ? rowwise : T < kern::kMatmatFewRows) ? 128 : quantized ? 64 : 16;
   std::vector<int64_t> first_task(outs.size() + 1, 0);
   for (size_t i = 0; i < outs.size(); ++i)
     first_task[i + 1] = first_task[i] + (outs[i].w->rows + block - 1) / block;
@@ -95,11 +92,15 @@ void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector
     const int64_t r1 = std::min(w.rows, r0 + block);
     if (dtype_is_quantized(w.dtype)) {
       const int f = act_form(w.dtype);
-      if (T == 1) {
-        k.matvec_qa(w, xq[f], outs[i].y + r0, r0, r1);
-      } else if (rowwise) {
-        for (int64_t s0 = r0; s0 < r1; s0 += kRowwiseSub) {
-          const int64_t s1 = std::min(r1, s0 + kRowwiseSub);
+      if (rowwise) {
+        // Several rows: 64-row blocks, whose bytes come from memory for the first
+        // row and from L2 for the others, instead of the GEMM, whose panel
+        // packing costs more than it saves at so few rows. 4B-shaped Q4_0, 2
+        // threads, one decode step of T slots (ms), GEMM -> this: T=2 186 -> 114,
+        // T=3 199 -> 161, T=4 204 -> 207 (T=1 83).
+        const int64_t sub = T == 1 ? block : kRowwiseSub;
+        for (int64_t s0 = r0; s0 < r1; s0 += sub) {
+          const int64_t s1 = std::min(r1, s0 + sub);
           for (int64_t t = 0; t < T; ++t)
             k.matvec_qa(w, xq[f] + t * xq_stride[f], outs[i].y + t * w.rows + s0, s0, s1);
         }

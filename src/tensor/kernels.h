@@ -31,6 +31,11 @@ struct Mat {
 // Bytes of a matrix (rows x row_bytes): what one product reads.
 uint64_t mat_bytes(const Mat& m);
 
+// Float weights: matmat below this many input rows runs two weight rows against up
+// to four input rows straight from the weights (each row with matvec's bits);
+// from here on, blocks of weights converted to float once for all rows.
+constexpr int64_t kMatmatFewRows = 8;
+
 struct KernelSet {
   const char* name;
   // y[r - r0] = W[r] . x  for r in [r0, r1)

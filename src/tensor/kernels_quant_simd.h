@@ -549,25 +549,15 @@ inline uint64_t qrow_bytes(DType t, int64_t cols) {
   }
 }
 
-// How far ahead of the row being computed matvec_qa asks for weights (bytes).
-// A task's rows are one contiguous run, so a steady distance keeps a constant
-// number of lines in flight: measured against the next-4-rows bursts this
-// replaced, on 24 Q4_0 / 12 Q8_0 4096x2560 matrices at 2 threads (median of 15
-// interleaved passes), Q4_0 24.2 -> 30.7 GB/s and Q8_0 28.3 -> 36.7 GB/s
-// (2 KiB and 6 KiB within a few %; L2 hints measured slower).
-constexpr uint64_t kPrefetchAhead = 4096;
-
 template <class D>
 void matvec_qa(const Mat& w, const uint8_t* a, float* y, int64_t r0, int64_t r1) {
   const auto* base = static_cast<const uint8_t*>(w.data);
   const uint64_t rb = qrow_bytes(w.dtype, w.cols);
   const uint8_t* end = base + r1 * rb;
-  auto ask = [](const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); };
-  for (uint64_t i = 0; i < kPrefetchAhead && base + r0 * rb + i < end; i += 64) ask(base + r0 * rb + i);
+  prefetch_run(base + r0 * rb, kPrefetchAhead, end);  // one stream per task (kernels_simd.h)
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = base + r * rb;
-    const uint8_t* ahead = row + kPrefetchAhead;
-    for (uint64_t i = 0; i < rb && ahead + i < end; i += 64) ask(ahead + i);
+    prefetch_run(row + kPrefetchAhead, static_cast<int64_t>(rb), end);
     dot_rows<D, 1>(w.dtype, &row, a, w.cols, y + (r - r0));
   }
 }
