@@ -39,7 +39,8 @@ int run_run(const RunCmdOpts& o) {
                  "model %s | %d threads | loops %d | kv %s | prompt loops %d | gate %s | o1 %s | exact %s | "
                  "seed %llu | prompt %zu tokens\n",
                  m.model->path().c_str(), pool.size(), ss.loops(), kv_mode_name(ss.kv_mode()), ss.prompt_loops(),
-                 ss.gate().str().c_str(), ss.o1().str().c_str(), ss.exact().str().c_str(), (unsigned long long)sampler.seed(), ids.size());
+                 ss.gate().str().c_str(), ss.o1().str().c_str(), ss.exact().str().c_str(),
+                 (unsigned long long)sampler.seed(), ids.size());
 
   ProgressLine progress("prompt");
   const PrefillStats pf = ts.prefill(ids, [&](int64_t d, int64_t t) { progress.update(d, t); });
@@ -56,8 +57,8 @@ int run_run(const RunCmdOpts& o) {
                (long long)gs.tokens, gs.seconds, gs.seconds > 0 ? gs.tokens / gs.seconds : 0.0,
                gs.stop_reason.c_str());
   if (o.verbose) {
-    if (const std::string g = gate_summary(ts.session()); !g.empty()) std::fprintf(stderr, "%s\n", g.c_str());
-    const KvBytes kb = ts.session().kv_bytes_split();
+    if (const std::string g = gate_summary(ss); !g.empty()) std::fprintf(stderr, "%s\n", g.c_str());
+    const KvBytes kb = ss.kv_bytes_split();
     std::fprintf(stderr, "kv cache: %s exact + %s far field\n", human_bytes(kb.exact).c_str(),
                  human_bytes(kb.far).c_str());
   }
