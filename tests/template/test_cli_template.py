@@ -7,8 +7,10 @@ for every kind of bad input, including runaway templates.
 Run: DORY_BIN=build/dory /usr/bin/python3 -m unittest discover -s tests/template -v
 """
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +27,7 @@ TEMPLATES = os.path.join(ROOT, "tests", "data", "templates")
 CRASH_TEXT = ("Traceback", "Aborted", "terminate called", "Segmentation", "core dumped",
               "AddressSanitizer", "runtime error:", "what():", "std::")
 TMP = tempfile.mkdtemp(prefix="dory_cli_template_")
+atexit.register(shutil.rmtree, TMP, True)
 
 
 def dory_bin():

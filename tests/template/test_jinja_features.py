@@ -7,9 +7,11 @@ two must agree character for character, or both must fail (dory with one
 Run: DORY_BIN=build/dory /usr/bin/python3 -m unittest discover -s tests/template -v
 """
 
+import atexit
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -328,6 +330,7 @@ def dory_bin():
 
 ERROR_LINE = re.compile(r"^error: chat template line \d+: .+$")
 TMP = tempfile.mkdtemp(prefix="dory_jinja_")
+atexit.register(shutil.rmtree, TMP, True)
 
 
 class JinjaFeatures(unittest.TestCase):

@@ -10,10 +10,12 @@
 Run: DORY_BIN=build/dory /usr/bin/python3 -m unittest discover -s tests/template -v
 """
 
+import atexit
 import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,6 +28,7 @@ sys.path.insert(0, HERE)
 import jinja_ref  # noqa: E402
 
 TMP = tempfile.mkdtemp(prefix="dory_jinja_fuzz_")
+atexit.register(shutil.rmtree, TMP, True)
 ERROR_LINE = re.compile(r"^error: chat template line \d+: .+$")
 CTX = {"a": 3, "b": -2, "f": 1.5, "s": "Ab c", "e": "", "l": [1, 2, 3], "d": {"k": "v", "n": 2}, "z": None}
 

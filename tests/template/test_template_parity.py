@@ -20,6 +20,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,7 @@ class TemplateParity(unittest.TestCase):
         with open(template, encoding="utf-8") as f:
             source = f.read()
         tmp = tempfile.mkdtemp(prefix="dory_template_")
+        self.addCleanup(shutil.rmtree, tmp, True)
         stats = {"contexts": 0, "rendered": 0, "rejected": 0}
         for k, (name, ctx) in enumerate(contexts.contexts()):
             ctx_path = os.path.join(tmp, "ctx%d.json" % k)

@@ -11,6 +11,7 @@
 
 #include "dory/error.h"
 #include "format/gguf.h"
+#include "scratch_dir.h"
 #include "tensor/quant.h"
 
 using namespace dory;
@@ -19,9 +20,7 @@ using gguf::VType;
 
 namespace {
 
-std::string tmp_path(const std::string& name) {
-  return testing::TempDir() + "/dory_gguf_" + name;
-}
+std::string tmp_path(const std::string& name) { return test_scratch::file(name).string(); }
 
 std::vector<uint8_t> slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);

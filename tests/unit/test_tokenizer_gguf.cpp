@@ -12,6 +12,7 @@
 #include "dory/error.h"
 #include "format/gguf.h"
 #include "model/gguf_dory.h"
+#include "scratch_dir.h"
 #include "text/tokenizer.h"
 
 namespace {
@@ -23,11 +24,7 @@ namespace gguf = dory::gguf;
 
 fs::path data_dir() { return fs::path(__FILE__).parent_path().parent_path() / "data" / "tokenizers"; }
 
-fs::path tmp_path(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("dory_tok_gguf_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d / name;
-}
+fs::path tmp_path(const std::string& name) { return test_scratch::file(name); }
 
 // A GGUF holding only the tokenizer metadata of an HF directory (no tensors).
 fs::path gguf_of(const std::string& base, int64_t vocab = 0) {
