@@ -53,10 +53,15 @@ inline __m256i block_halves16(const uint8_t* p) {
   }
 }
 
-// Q8_0 / Q4_0 rows, 512-bit: two blocks per vector, against the same A32
-// input (qk::ActLayout). Per group of 16 blocks the 16 scales d_w * d_x are
-// one vector, spread to each block's 8 lanes by a permute; the 256-bit code
-// does the last < 16 blocks.
+// Q8_0 / Q4_0 rows, 512-bit, against the A32 input (qk::ActLayout). Per group
+// of 16 blocks the 16 scales d_w * d_x are one vector, spread to each block's
+// lanes by a permute; the 256-bit code does the last < 16 blocks.
+//   Q8_0: two blocks a vector (32 code bytes each).
+//   Q4_0: four blocks a vector, 128-bit lane j = block j's 16 code bytes; the
+//   low nibbles meet the first 16 inputs of each block and the high ones the
+//   last 16 (the input's q4 section), accumulated onto q4bias. Two blocks a
+//   vector, as Q8_0, took 8 vector operations per 2 blocks against 11 per 4 here:
+//   one thread, 256 x 2560 in L2, 36 -> 42.5 GB/s.
 template <class D, bool Q8>
 float a32_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   constexpr int kB = Q8 ? 34 : 18;
@@ -64,43 +69,56 @@ float a32_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   const auto* ad = reinterpret_cast<const float*>(act + L.d);
   const auto* ns4 = reinterpret_cast<const int32_t*>(act + L.extra);
   const int64_t nb = n / 32;
-  // Q4_0: [nibbles b, nibbles b, nibbles b+1, nibbles b+1] >> [0, 4, 0, 4] per 128 bits.
-  const __m512i nshift = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
-                                           0x0004000400040004, 0x0004000400040004);
-  const __m512i m4 = _mm512_set1_epi8(0x0F), x80 = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i ones = _mm512_set1_epi16(1);
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   int64_t b = 0;
   for (; b + 16 <= nb; b += 16) {
     const uint8_t* p = row + kB * b;
     const __m512 s16 = _mm512_mul_ps(_mm512_cvtph_ps(block_halves16<Q8>(p)), _mm512_loadu_ps(ad + b));
-    for (int k = 0; k < 16; k += 2) {
-      const uint8_t* p0 = p + kB * k;
-      const uint8_t* p1 = p0 + kB;
-      const __m512i av = _mm512_load_si512(act + 32 * (b + k));
-      const __m512i s4 = _mm512_loadu_si512(ns4 + 8 * (b + k));
-      __m512i is;
-      if constexpr (Q8) {
+    if constexpr (Q8) {
+      const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
+      for (int k = 0; k < 16; k += 2) {
+        const uint8_t* p0 = p + kB * k;
+        const __m512i av = _mm512_load_si512(act + 32 * (b + k));
         const __m512i w = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + 2))),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1 + 2)), 1);
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + kB + 2)), 1);
+        __m512i is;
         if constexpr (D::kVnni) {
-          is = D::dpbusd512(_mm512_slli_epi32(s4, 7), _mm512_xor_si512(w, x80), av);
+          is = D::dpbusd512(_mm512_slli_epi32(_mm512_loadu_si512(ns4 + 8 * (b + k)), 7), _mm512_xor_si512(w, x80), av);
         } else {
           const __m512i sa = _mm512_mask_sub_epi8(av, _mm512_movepi8_mask(w), _mm512_setzero_si512(), av);
           is = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w), sa), ones);
         }
-      } else {
-        __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + 2)));
-        z = _mm512_mask_broadcast_i32x4(z, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + 2)));
-        z = _mm512_and_si512(_mm512_srlv_epi16(z, nshift), m4);
-        const __m512i bias = _mm512_slli_epi32(s4, 3);
-        if constexpr (D::kVnni) is = D::dpbusd512(bias, z, av);
-        else is = _mm512_add_epi32(bias, _mm512_madd_epi16(_mm512_maddubs_epi16(z, av), ones));
+        const __m512i sel = _mm512_set_epi32(k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k, k, k, k,
+                                             k, k, k, k);
+        acc[(k / 2) % 4] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_permutexvar_ps(sel, s16), acc[(k / 2) % 4]);
       }
-      const __m512i sel = _mm512_set_epi32(k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k, k, k, k, k,
-                                           k, k, k);
-      acc[(k / 2) % 4] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_permutexvar_ps(sel, s16), acc[(k / 2) % 4]);
+    } else {
+      const __m512i m4 = _mm512_set1_epi8(0x0F);
+      const auto* q4 = reinterpret_cast<const __m512i*>(act + L.q4) + 2 * (b / 4);
+      const auto* q4b = reinterpret_cast<const __m512i*>(act + L.q4bias) + b / 4;
+      for (int g = 0; g < 4; ++g) {
+        const uint8_t* pg = p + kB * 4 * g + 2;
+        __m512i wv = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pg)));
+        wv = _mm512_inserti32x4(wv, _mm_loadu_si128(reinterpret_cast<const __m128i*>(pg + kB)), 1);
+        wv = _mm512_inserti32x4(wv, _mm_loadu_si128(reinterpret_cast<const __m128i*>(pg + 2 * kB)), 2);
+        wv = _mm512_inserti32x4(wv, _mm_loadu_si128(reinterpret_cast<const __m128i*>(pg + 3 * kB)), 3);
+        const __m512i lo = _mm512_and_si512(wv, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
+        const __m512i alo = _mm512_load_si512(q4 + 2 * g), ahi = _mm512_load_si512(q4 + 2 * g + 1);
+        __m512i is = _mm512_load_si512(q4b + g);
+        if constexpr (D::kVnni) {
+          is = D::dpbusd512(D::dpbusd512(is, lo, alo), hi, ahi);
+        } else {
+          is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_maddubs_epi16(lo, alo), ones));
+          is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_maddubs_epi16(hi, ahi), ones));
+        }
+        const int j = 4 * g;
+        const __m512i sel = _mm512_set_epi32(j + 3, j + 3, j + 3, j + 3, j + 2, j + 2, j + 2, j + 2, j + 1, j + 1,
+                                             j + 1, j + 1, j, j, j, j);
+        acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_permutexvar_ps(sel, s16), acc[g]);
+      }
     }
   }
   float tail = 0;

@@ -40,18 +40,26 @@ inline int act_kind(DType d) { return d == DType::Q8_0 || d == DType::Q4_0 ? kA3
 
 inline uint64_t round64(uint64_t b) { return (b + 63) / 64 * 64; }
 
-// Offsets inside one quantized row of n elements.
+// Offsets inside one quantized row of n elements. A32 also carries, for each
+// whole group of 4 blocks, the group's 128 input bytes in nibble order (q4:
+// the first 16 of each block, then the last 16, which a Q4_0 block's low and
+// high nibbles meet) and its Q4_0 correction per int32 lane (q4bias: -8 times
+// the sum of the 4 + 4 inputs that lane meets), for the 512-bit Q4_0 row
+// kernel (kernels_avx512.cpp).
 struct ActLayout {
-  uint64_t d, extra, extra2, bytes;
+  uint64_t d, extra, extra2, q4, q4bias, bytes;
   ActLayout(int kind, int64_t n) {
     d = round64(n);
     if (kind == kA32) {
       extra = round64(d + n / 32 * 4);  // ns4
       extra2 = extra;
-      bytes = round64(extra + n);       // n/4 int32
+      q4 = round64(extra + n);          // after n/4 int32
+      q4bias = round64(q4 + n / 128 * 128);
+      bytes = round64(q4bias + n / 128 * 64);
     } else {
       extra = round64(d + n / 256 * 4);   // bsums
       extra2 = round64(extra + n / 16 * 2);  // bsum32
+      q4 = q4bias = 0;
       bytes = round64(extra2 + n / 32 * 2);
     }
   }
@@ -206,8 +214,29 @@ struct BatchDst {
   int16_t* b32(int64_t b) const { return reinterpret_cast<int16_t*>(r(b) + BatchLayout::kKb32) + 8 * tt; }
 };
 
+// The q4 and q4bias sections of an A32 row (ActLayout) from its qs.
+inline void fill_q4_groups(uint8_t* out, const ActLayout& L, int64_t n) {
+  const auto* qs = reinterpret_cast<const int8_t*>(out);
+  auto* g = reinterpret_cast<int8_t*>(out + L.q4);
+  auto* bias = reinterpret_cast<int32_t*>(out + L.q4bias);
+  for (int64_t G = 0; G < n / 128; ++G) {
+    for (int j = 0; j < 4; ++j) {
+      const int8_t* a = qs + 128 * G + 32 * j;
+      std::memcpy(g + 128 * G + 16 * j, a, 16);
+      std::memcpy(g + 128 * G + 64 + 16 * j, a + 16, 16);
+      for (int i = 0; i < 4; ++i) {
+        int32_t sum = 0;
+        for (int e = 0; e < 4; ++e) sum += a[4 * i + e] + a[16 + 4 * i + e];
+        bias[16 * G + 4 * j + i] = -8 * sum;
+      }
+    }
+  }
+}
+
 inline void quantize_act(int kind, const float* x, int64_t n, uint8_t* out) {
-  quantize_blocks(kind, x, n, RowDst{out, ActLayout(kind, n), kind == kA32});
+  const ActLayout L(kind, n);
+  quantize_blocks(kind, x, n, RowDst{out, L, kind == kA32});
+  if (kind == kA32) fill_q4_groups(out, L, n);
 }
 
 // Rows [t0, t1) of the batch form (row t at x + t*ldx; the layout does not
