@@ -64,11 +64,18 @@ if [ "$THREADS" != "$(nproc)" ]; then
 else
   STREAM_T=$STREAM_ALL
 fi
-# The bandwidth this machine gives moves with where its cores sit on the host (on the 2-core
-# VM it was built on, runs minutes apart read 40 or 75 GB/s), so every engine run is
-# bracketed by a short read (1 GiB, best of 5, all threads) and its % is against their mean.
-bw() { OMP_NUM_THREADS=$(nproc) OMP_PROC_BIND=spread "$WORK/stream" 1 5 | awk '/^STREAM_BEST_GBS/{print $2}'; }
+# The bandwidth this machine gives moves with where its cores sit on the host: on the 2-core
+# VM it was built on, 1 GiB reads a second apart give ~37 or ~55 GB/s, flipping every few
+# seconds, so a best-of-N read overstates what a run of many seconds can get. Each repetition
+# of each engine is therefore its own run, with a read of ~3 s before and after it (1 GiB,
+# 100 passes, all threads; their time-weighted mean, and the best pass), and the % column is
+# the engine's tg GB/s against the mean of those reads (both averaged over the repetitions).
+bw() { OMP_NUM_THREADS=$(nproc) OMP_PROC_BIND=spread "$WORK/stream" 1 100 |
+       sed -n 's/.*best \([0-9.]*\) GB\/s, mean \([0-9.]*\) GB\/s.*/\2 \1/p'; }
 declare -A BW
+# stats "x1 x2 ...": "mean sd" (sample sd; 0 for one value)
+stats() { awk '{ n = NF; for (i = 1; i <= n; i++) s += $i; m = s / n; for (i = 1; i <= n; i++) v += ($i - m) ^ 2;
+                 printf "%.2f %.2f", m, (n > 1 ? sqrt(v / (n - 1)) : 0) }' <<<"$1"; }
 
 # ---------------------------------------------------------------- dory binary and checkpoint
 DORY="$ROOT/build/dory"
@@ -159,15 +166,22 @@ for ty in $TYPES; do
     else
       say "reusing $df"
     fi
-    say "dory bench $ty: -p $PP -n $TG -r $REPS -t $THREADS (load $(load))"
-    b0=$(bw)
-    "$DORY" bench -m "$df" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" 2>&1 | tee "$LOGS/dory-$ty.txt" >&2
-    # | model | size | params | loops | kv | threads | test | t/s | GB/s |
-    pp=$(awk -F'|' -v t="pp$PP" '$8 ~ " "t" " {gsub(/ /,"",$9); print $9}' "$LOGS/dory-$ty.txt")
-    tg=$(awk -F'|' -v t="tg$TG" '$8 ~ " "t" " {gsub(/ /,"",$9); print $9}' "$LOGS/dory-$ty.txt")
-    gb=$(awk -F'|' -v t="tg$TG" '$8 ~ " "t" " {gsub(/ /,"",$10); print $10}' "$LOGS/dory-$ty.txt")
-    ROW["dory,$ty"]="$pp|$tg|$gb"
-    BW["dory,$ty"]="$b0 $(bw)"
+    say "dory bench $ty: -p $PP -n $TG -t $THREADS, $REPS runs of -r 1 (load $(load))"
+    : > "$LOGS/dory-$ty.txt"
+    pps=""; tgs=""; gbs=""; bws=""; bests=""
+    for r in $(seq "$REPS"); do
+      read -r b0 x0 < <(bw)
+      "$DORY" bench -m "$df" -p "$PP" -n "$TG" -r 1 -t "$THREADS" 2>&1 | tee -a "$LOGS/dory-$ty.txt" > "$LOGS/dory-$ty.rep.txt"
+      read -r b1 x1 < <(bw)
+      # | model | size | params | loops | kv | threads | test | t/s | GB/s |
+      pp=$(awk -F'|' -v t="pp$PP" '$8 ~ " "t" " {split($9, a, " "); print a[1]}' "$LOGS/dory-$ty.rep.txt")
+      tg=$(awk -F'|' -v t="tg$TG" '$8 ~ " "t" " {split($9, a, " "); print a[1]}' "$LOGS/dory-$ty.rep.txt")
+      gb=$(awk -F'|' -v t="tg$TG" '$8 ~ " "t" " {gsub(/ /,"",$10); print $10}' "$LOGS/dory-$ty.rep.txt")
+      say "  run $r/$REPS: pp$PP $pp t/s, tg$TG $tg t/s = $gb GB/s; read BW before/after: mean $b0 / $b1, best $x0 / $x1 GB/s"
+      pps+=" $pp"; tgs+=" $tg"; gbs+=" $gb"; bws+=" $b0 $b1"; bests+=" $x0 $x1"
+    done
+    ROW["dory,$ty"]="$(stats "$pps")|$(stats "$tgs")|$(stats "$gbs")"
+    BW["dory,$ty"]="$(stats "$bws")|$(stats "$bests")"
   fi
   # (b) llama.cpp
   case "$ty" in q8_0|q4_0) ;; *) continue ;; esac
@@ -181,14 +195,25 @@ for ty in $TYPES; do
       say "reusing $lf"
     fi
     bytes=$("$PY" "$ROOT/bench/make_llama_gguf.py" "$lf" --type "$ty" --bytes-only | awk '{print $2}')
-    say "node-llama-cpp $ty: pp$PP tg$TG x$REPS, $THREADS threads (load $(load))"
-    b0=$(bw)
-    if (cd "$NPM_DIR" && node peer_bench.mjs "$lf" "$PP" "$TG" "$REPS" "$THREADS") > "$LOGS/llama-$ty.txt" 2>&1; then
-      cat "$LOGS/llama-$ty.txt" >&2
-      read -r _ _ ppm pps _ tgm tgs < <(grep '^RESULT' "$LOGS/llama-$ty.txt")
-      gb=$(awk -v b="$bytes" -v t="$tgm" 'BEGIN{printf "%.2f", b*t/1e9}')
-      BW["llama,$ty"]="$b0 $(bw)"
-      ROW["llama,$ty"]="$(printf '%.2f±%.2f' "$ppm" "$pps")|$(printf '%.2f±%.2f' "$tgm" "$tgs")|$gb"
+    say "node-llama-cpp $ty: pp$PP tg$TG, $THREADS threads, $REPS runs of one repetition (load $(load))"
+    : > "$LOGS/llama-$ty.txt"
+    pps=""; tgs=""; gbs=""; bws=""; bests=""; ok=1
+    for r in $(seq "$REPS"); do
+      read -r b0 x0 < <(bw)
+      if ! (cd "$NPM_DIR" && node peer_bench.mjs "$lf" "$PP" "$TG" 1 "$THREADS") > "$LOGS/llama-$ty.rep.txt" 2>&1; then
+        cat "$LOGS/llama-$ty.rep.txt" >> "$LOGS/llama-$ty.txt"
+        ok=0; break
+      fi
+      read -r b1 x1 < <(bw)
+      cat "$LOGS/llama-$ty.rep.txt" >> "$LOGS/llama-$ty.txt"
+      read -r _ _ pp _ _ tg _ < <(grep '^RESULT' "$LOGS/llama-$ty.rep.txt")
+      gb=$(awk -v b="$bytes" -v t="$tg" 'BEGIN{printf "%.2f", b*t/1e9}')
+      say "  run $r/$REPS: pp$PP $pp t/s, tg$TG $tg t/s = $gb GB/s; read BW before/after: mean $b0 / $b1, best $x0 / $x1 GB/s"
+      pps+=" $pp"; tgs+=" $tg"; gbs+=" $gb"; bws+=" $b0 $b1"; bests+=" $x0 $x1"
+    done
+    if [ "$ok" = 1 ]; then
+      ROW["llama,$ty"]="$(stats "$pps")|$(stats "$tgs")|$(stats "$gbs")"
+      BW["llama,$ty"]="$(stats "$bws")|$(stats "$bests")"
     else
       cat "$LOGS/llama-$ty.txt" >&2
       say "node-llama-cpp FAILED on $ty (log above: $LOGS/llama-$ty.txt)"
@@ -199,20 +224,23 @@ done
 
 # ---------------------------------------------------------------- table
 echo
-STREAM_END=$(bw)
-echo "memory read bandwidth (bench/stream.c): at the start $STREAM_ALL GB/s with $(nproc) threads (2 GiB, best of 10), $STREAM_T GB/s with $THREADS; at the end $STREAM_END GB/s (1 GiB, best of 5)"
+read -r STREAM_END _ < <(bw)
+echo "memory read bandwidth (bench/stream.c): at the start $STREAM_ALL GB/s with $(nproc) threads (2 GiB, best of 10), $STREAM_T GB/s with $THREADS; at the end $STREAM_END GB/s (1 GiB, mean of 100 passes)"
 echo "load average at the end: $(load)"
 echo
-echo "| engine | type | threads | pp$PP t/s | tg$TG t/s | tg GB/s | read BW before/after, GB/s | % of read BW |"
+echo "| engine | type | threads | pp$PP t/s | tg$TG t/s | tg GB/s | read BW around the runs: mean (best pass), GB/s | tg GB/s / mean read BW |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+pm() { [ "$1" = failed ] && echo failed || { read -r m sd <<<"$1"; echo "$m ± $sd"; }; }
 for ty in $TYPES; do
   for eng in dory llama; do
     v="${ROW[$eng,$ty]:-}"
     [ -n "$v" ] || continue
     IFS='|' read -r pp tg gb <<<"$v"
-    read -r b0 b1 <<<"${BW[$eng,$ty]:-0 0}"
-    pct=$(awk -v g="$gb" -v a="$b0" -v b="$b1" 'BEGIN{ if (g+0 > 0 && a+b > 0) printf "%.0f%%", 200*g/(a+b); else print "-" }')
+    read -r gbm _ <<<"$gb"
+    IFS='|' read -r bwm bwx <<<"${BW[$eng,$ty]:-|}"
+    read -r bwmean _ <<<"$bwm"; read -r bwbest _ <<<"$bwx"
+    pct=$(awk -v g="${gbm:-0}" -v b="${bwmean:-0}" 'BEGIN{ if (g > 0 && b > 0) printf "%.0f%%", 100*g/b; else print "-" }')
     name=$([ "$eng" = dory ] && echo "dory.cpp" || echo "llama.cpp (node-llama-cpp $NLC_VERSION)")
-    echo "| $name | $ty | $THREADS | $pp | $tg | $gb | $(printf '%.1f / %.1f' "$b0" "$b1") | $pct |"
+    echo "| $name | $ty | $THREADS | $(pm "$pp") | $(pm "$tg") | ${gbm:--} | ${bwmean:--} (${bwbest:--}) | $pct |"
   done
 done

@@ -214,22 +214,18 @@ struct BatchDst {
   int16_t* b32(int64_t b) const { return reinterpret_cast<int16_t*>(r(b) + BatchLayout::kKb32) + 8 * tt; }
 };
 
-// The q4 and q4bias sections of an A32 row (ActLayout) from its qs.
+// The q4 and q4bias sections of an A32 row (ActLayout) from its qs and ns4.
 inline void fill_q4_groups(uint8_t* out, const ActLayout& L, int64_t n) {
   const auto* qs = reinterpret_cast<const int8_t*>(out);
+  const auto* ns4 = reinterpret_cast<const int32_t*>(out + L.extra);
   auto* g = reinterpret_cast<int8_t*>(out + L.q4);
   auto* bias = reinterpret_cast<int32_t*>(out + L.q4bias);
-  for (int64_t G = 0; G < n / 128; ++G) {
-    for (int j = 0; j < 4; ++j) {
-      const int8_t* a = qs + 128 * G + 32 * j;
-      std::memcpy(g + 128 * G + 16 * j, a, 16);
-      std::memcpy(g + 128 * G + 64 + 16 * j, a + 16, 16);
-      for (int i = 0; i < 4; ++i) {
-        int32_t sum = 0;
-        for (int e = 0; e < 4; ++e) sum += a[4 * i + e] + a[16 + 4 * i + e];
-        bias[16 * G + 4 * j + i] = -8 * sum;
-      }
-    }
+  for (int64_t b = 0; b < n / 128 * 4; ++b) {
+    // block b: group b/4, slot j = b%4 of its 16-byte lanes and 4-lane bias run
+    const int64_t G = b / 4, j = b % 4;
+    std::memcpy(g + 128 * G + 16 * j, qs + 32 * b, 16);
+    std::memcpy(g + 128 * G + 64 + 16 * j, qs + 32 * b + 16, 16);
+    for (int i = 0; i < 4; ++i) bias[16 * G + 4 * j + i] = 8 * (ns4[8 * b + i] + ns4[8 * b + 4 + i]);
   }
 }
 
