@@ -40,27 +40,31 @@ inline int act_kind(DType d) { return d == DType::Q8_0 || d == DType::Q4_0 ? kA3
 
 inline uint64_t round64(uint64_t b) { return (b + 63) / 64 * 64; }
 
-// Offsets inside one quantized row of n elements. A32 also carries, for each
-// whole group of 4 blocks, the group's 128 input bytes in nibble order (q4:
-// the first 16 of each block, then the last 16, which a Q4_0 block's low and
-// high nibbles meet) and its Q4_0 correction per int32 lane (q4bias: -8 times
-// the sum of the 4 + 4 inputs that lane meets), for the 512-bit Q4_0 row
-// kernel (kernels_avx512.cpp).
+// Offsets inside one quantized row of n elements. Each also carries a copy of
+// its input bytes in the order the 512-bit Q4_0 / Q4_K row kernels
+// (kernels_avx512.cpp) meet them with low and high nibbles of 64 code bytes:
+//   A32 nib: per whole group of 4 blocks, the first 16 inputs of each block,
+//     then the last 16; nibbias: the group's Q4_0 correction per int32 lane
+//     (-8 times the sum of the 4 + 4 inputs that lane meets);
+//   Q8K nib: per super-block, for each pair of 64-element chunks c, c+1 (c =
+//     0, 2): inputs 64c..+31, 64c+64..+95 (the low nibbles), then 64c+32..+63,
+//     64c+96..+127 (the high ones).
 struct ActLayout {
-  uint64_t d, extra, extra2, q4, q4bias, bytes;
+  uint64_t d, extra, extra2, nib, nibbias, bytes;
   ActLayout(int kind, int64_t n) {
     d = round64(n);
     if (kind == kA32) {
       extra = round64(d + n / 32 * 4);  // ns4
       extra2 = extra;
-      q4 = round64(extra + n);          // after n/4 int32
-      q4bias = round64(q4 + n / 128 * 128);
-      bytes = round64(q4bias + n / 128 * 64);
+      nib = round64(extra + n);          // after n/4 int32
+      nibbias = round64(nib + n / 128 * 128);
+      bytes = round64(nibbias + n / 128 * 64);
     } else {
       extra = round64(d + n / 256 * 4);   // bsums
       extra2 = round64(extra + n / 16 * 2);  // bsum32
-      q4 = q4bias = 0;
-      bytes = round64(extra2 + n / 32 * 2);
+      nib = round64(extra2 + n / 32 * 2);
+      nibbias = 0;
+      bytes = round64(nib + n);
     }
   }
 };
@@ -214,12 +218,24 @@ struct BatchDst {
   int16_t* b32(int64_t b) const { return reinterpret_cast<int16_t*>(r(b) + BatchLayout::kKb32) + 8 * tt; }
 };
 
-// The q4 and q4bias sections of an A32 row (ActLayout) from its qs and ns4.
-inline void fill_q4_groups(uint8_t* out, const ActLayout& L, int64_t n) {
+// The nib (and A32: nibbias) sections of a row (ActLayout) from its qs (and ns4).
+inline void fill_nibble_order(int kind, uint8_t* out, const ActLayout& L, int64_t n) {
   const auto* qs = reinterpret_cast<const int8_t*>(out);
+  auto* g = reinterpret_cast<int8_t*>(out + L.nib);
+  if (kind == kQ8K) {
+    for (int64_t sb = 0; sb < n / 256; ++sb)
+      for (int c = 0; c < 4; c += 2) {
+        const int8_t* a = qs + 256 * sb + 64 * c;
+        int8_t* o = g + 256 * sb + 64 * c;
+        std::memcpy(o, a, 32);
+        std::memcpy(o + 32, a + 64, 32);
+        std::memcpy(o + 64, a + 32, 32);
+        std::memcpy(o + 96, a + 96, 32);
+      }
+    return;
+  }
   const auto* ns4 = reinterpret_cast<const int32_t*>(out + L.extra);
-  auto* g = reinterpret_cast<int8_t*>(out + L.q4);
-  auto* bias = reinterpret_cast<int32_t*>(out + L.q4bias);
+  auto* bias = reinterpret_cast<int32_t*>(out + L.nibbias);
   for (int64_t b = 0; b < n / 128 * 4; ++b) {
     // block b: group b/4, slot j = b%4 of its 16-byte lanes and 4-lane bias run
     const int64_t G = b / 4, j = b % 4;
@@ -232,7 +248,7 @@ inline void fill_q4_groups(uint8_t* out, const ActLayout& L, int64_t n) {
 inline void quantize_act(int kind, const float* x, int64_t n, uint8_t* out) {
   const ActLayout L(kind, n);
   quantize_blocks(kind, x, n, RowDst{out, L, kind == kA32});
-  if (kind == kA32) fill_q4_groups(out, L, n);
+  fill_nibble_order(kind, out, L, n);
 }
 
 // Rows [t0, t1) of the batch form (row t at x + t*ldx; the layout does not
