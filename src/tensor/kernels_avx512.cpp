@@ -252,11 +252,19 @@ float q4k_row512_vnni(const uint8_t* row, const uint8_t* act, int64_t n) {
 
 // Q6_K rows, 512-bit: 64 elements per vector (ql's 64 bytes of a half give the
 // low nibbles of elements 0-63 and the high nibbles of 64-127).
+// With VNNI (Vnni = true), as q4k_row512_vnni: one dot instruction per 64
+// elements (|lane sum| <= 4*63*127, an int16), packed and scaled in one madd;
+// 16 vector operations per 128 elements against 18.
+template <class D, bool Vnni>
 inline float q6k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   const qk::ActLayout L(qk::kQ8K, n);
   const auto* ad = reinterpret_cast<const float*>(act + L.d);
   const auto* bs = reinterpret_cast<const int16_t*>(act + L.extra);
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  alignas(64) static const int16_t kIdx[2][32] = {
+      {0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7},
+      {8, 8, 8, 8, 12, 12, 12, 12, 9, 9, 9, 9, 13, 13, 13, 13, 10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15}};
+  const __m512i idx0 = _mm512_load_si512(kIdx[0]), idx1 = _mm512_load_si512(kIdx[1]);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < n / 256; ++sb) {
     const uint8_t* p = row + 210 * sb;
@@ -273,19 +281,28 @@ inline float q6k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
       const __m512i ulo = _mm512_or_si512(_mm512_and_si512(Lq, m4), _mm512_and_si512(_mm512_slli_epi16(Hz, 4), m30));
       const __m512i uhi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Lq, 4), m4), _mm512_and_si512(Hz, m30));
       const __m512i alo = _mm512_loadu_si512(a + 128 * h), ahi = _mm512_loadu_si512(a + 128 * h + 64);
-      const __m512i slo = _mm512_permutexvar_epi16(idx16x4(8 * h), sc16);
-      const __m512i shi = _mm512_permutexvar_epi16(idx16x4(8 * h + 4), sc16);
-      is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_maddubs_epi16(ulo, alo), slo));
-      is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_maddubs_epi16(uhi, ahi), shi));
+      if constexpr (Vnni) {
+        // 128-bit lane k of packs(lo, hi): 4 sums of sub-block 8h+k, then 4 of 8h+4+k.
+        const __m512i dlo = D::dpbusd512(_mm512_setzero_si512(), ulo, alo);
+        const __m512i dhi = D::dpbusd512(_mm512_setzero_si512(), uhi, ahi);
+        const __m512i s = _mm512_permutexvar_epi16(h ? idx1 : idx0, sc16);
+        is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_packs_epi32(dlo, dhi), s));
+      } else {
+        const __m512i slo = _mm512_permutexvar_epi16(idx16x4(8 * h), sc16);
+        const __m512i shi = _mm512_permutexvar_epi16(idx16x4(8 * h + 4), sc16);
+        is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_maddubs_epi16(ulo, alo), slo));
+        is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_maddubs_epi16(uhi, ahi), shi));
+      }
     }
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(qk::half_to_f32(p + 208) * ad[sb]), acc);
   }
   return _mm512_reduce_add_ps(acc);
 }
 
-template <int K>
+// Without VNNI (the Dp set).
+template <class D, int K>
 inline float k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
-  if constexpr (K == 6) return q6k_row512(row, act, n);
+  if constexpr (K == 6) return q6k_row512<D, false>(row, act, n);
   else return k45_row512<K == 5>(row, act, n);
 }
 
@@ -429,7 +446,7 @@ struct Dp {
   }
   template <int K>
   static float k_row(const uint8_t* row, const uint8_t* act, int64_t n) {
-    return k_row512<K>(row, act, n);
+    return k_row512<Dp, K>(row, act, n);
   }
 };
 struct DpVnni {
@@ -451,7 +468,8 @@ struct DpVnni {
   template <int K>
   static float k_row(const uint8_t* row, const uint8_t* act, int64_t n) {
     if constexpr (K == 4) return q4k_row512_vnni<DpVnni>(row, act, n);
-    else return k_row512<K>(row, act, n);
+    else if constexpr (K == 6) return q6k_row512<DpVnni, true>(row, act, n);
+    else return k45_row512<true>(row, act, n);
   }
 };
 
