@@ -41,7 +41,7 @@ inline int act_kind(DType d) { return d == DType::Q8_0 || d == DType::Q4_0 ? kA3
 inline uint64_t round64(uint64_t b) { return (b + 63) / 64 * 64; }
 
 // Offsets inside one quantized row of n elements. Each also carries a copy of
-// its input bytes in the order the 512-bit Q4_0 / Q4_K row kernels
+// its input bytes in the order the 512-bit Q4_0 / Q4_K / Q5_K row kernels
 // (kernels_avx512.cpp) meet them with low and high nibbles of 64 code bytes:
 //   A32 nib: per whole group of 4 blocks, the first 16 inputs of each block,
 //     then the last 16; nibbias: the group's Q4_0 correction per int32 lane
