@@ -158,6 +158,26 @@ inline __m512i idx16x4(int first) {
       1);
 }
 
+// A Q4_K / Q5_K super-block at p: its 8 sub-block scales (int16 lanes 0-7 of
+// sc16) and its mins times the input's 32-element sums (b32: the super-block's
+// 8 int16); add() folds the sub-block-scaled integer sums `is` and the mins into
+// the row's float accumulators with d and dmin times the input scale da.
+struct K45Scales {
+  __m512i sc16;
+  __m128i msum;
+  K45Scales(const uint8_t* p, const int16_t* b32) {
+    uint64_t sc, mn;
+    qk::unpack_scales_k4(p + 4, &sc, &mn);
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(mn)));
+    msum = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b32)));
+    sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+  }
+  void add(const uint8_t* p, float da, __m512i is, __m512& acc, __m128& accm) const {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(qk::half_to_f32(p) * da), acc);
+    accm = _mm_fmadd_ps(_mm_cvtepi32_ps(msum), _mm_set1_ps(qk::half_to_f32(p + 2) * da), accm);
+  }
+};
+
 // Q4_K / Q5_K rows, 512-bit: a 64-element chunk (two sub-blocks: the low and
 // the high nibbles of 32 bytes) per vector; sub-block scales by int16 permute.
 template <bool Q5>
@@ -172,11 +192,8 @@ float k45_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   for (int64_t sb = 0; sb < n / 256; ++sb) {
     const uint8_t* p = row + kBytes * sb;
     const int8_t* a = reinterpret_cast<const int8_t*>(act) + 256 * sb;
-    uint64_t sc, mn;
-    qk::unpack_scales_k4(p + 4, &sc, &mn);
-    const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(mn)));
-    const __m128i msum = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b32 + 8 * sb)));
-    const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    const K45Scales ks(p, b32 + 8 * sb);
+    const __m512i sc16 = ks.sc16;
     const uint8_t* qs = p + (Q5 ? 48 : 16);
     __m512i H = _mm512_setzero_si512();
     if constexpr (Q5) {
@@ -198,9 +215,7 @@ float k45_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
     chunk(std::integral_constant<int, 1>{});
     chunk(std::integral_constant<int, 2>{});
     chunk(std::integral_constant<int, 3>{});
-    const float da = ad[sb];
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(qk::half_to_f32(p) * da), acc);
-    accm = _mm_fmadd_ps(_mm_cvtepi32_ps(msum), _mm_set1_ps(qk::half_to_f32(p + 2) * da), accm);
+    ks.add(p, ad[sb], is, acc, accm);
   }
   return _mm512_reduce_add_ps(acc) - qk::hsum4(accm);
 }
@@ -231,11 +246,8 @@ float k45_row512_vnni(const uint8_t* row, const uint8_t* act, int64_t n) {
   __m128 accm = _mm_setzero_ps();
   for (int64_t sb = 0; sb < n / 256; ++sb) {
     const uint8_t* p = row + kBytes * sb;
-    uint64_t sc, mn;
-    qk::unpack_scales_k4(p + 4, &sc, &mn);
-    const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(mn)));
-    const __m128i msum = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b32 + 8 * sb)));
-    const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    const K45Scales ks(p, b32 + 8 * sb);
+    const __m512i sc16 = ks.sc16;
     __m512i Hlo = _mm512_setzero_si512(), Hhi = _mm512_setzero_si512();
     if constexpr (Q5) {
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
@@ -257,9 +269,7 @@ float k45_row512_vnni(const uint8_t* row, const uint8_t* act, int64_t n) {
       const __m512i s = _mm512_permutexvar_epi16(pr ? idx1 : idx0, sc16);
       is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_packs_epi32(dlo, dhi), s));
     }
-    const float da = ad[sb];
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(qk::half_to_f32(p) * da), acc);
-    accm = _mm_fmadd_ps(_mm_cvtepi32_ps(msum), _mm_set1_ps(qk::half_to_f32(p + 2) * da), accm);
+    ks.add(p, ad[sb], is, acc, accm);
   }
   return _mm512_reduce_add_ps(acc) - qk::hsum4(accm);
 }
