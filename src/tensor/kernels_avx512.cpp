@@ -276,10 +276,10 @@ float k45_row512_vnni(const uint8_t* row, const uint8_t* act, int64_t n) {
 
 // Q6_K rows, 512-bit: 64 elements per vector (ql's 64 bytes of a half give the
 // low nibbles of elements 0-63 and the high nibbles of 64-127).
-// With VNNI (Vnni = true), as q4k_row512_vnni: one dot instruction per 64
+// With VNNI (D::kVnni), as k45_row512_vnni: one dot instruction per 64
 // elements (|lane sum| <= 4*63*127, an int16), packed and scaled in one madd;
 // 16 vector operations per 128 elements against 18.
-template <class D, bool Vnni>
+template <class D>
 inline float q6k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   const qk::ActLayout L(qk::kQ8K, n);
   const auto* ad = reinterpret_cast<const float*>(act + L.d);
@@ -305,7 +305,7 @@ inline float q6k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
       const __m512i ulo = _mm512_or_si512(_mm512_and_si512(Lq, m4), _mm512_and_si512(_mm512_slli_epi16(Hz, 4), m30));
       const __m512i uhi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Lq, 4), m4), _mm512_and_si512(Hz, m30));
       const __m512i alo = _mm512_loadu_si512(a + 128 * h), ahi = _mm512_loadu_si512(a + 128 * h + 64);
-      if constexpr (Vnni) {
+      if constexpr (D::kVnni) {
         // 128-bit lane k of packs(lo, hi): 4 sums of sub-block 8h+k, then 4 of 8h+4+k.
         const __m512i dlo = D::dpbusd512(_mm512_setzero_si512(), ulo, alo);
         const __m512i dhi = D::dpbusd512(_mm512_setzero_si512(), uhi, ahi);
@@ -321,13 +321,6 @@ inline float q6k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(qk::half_to_f32(p + 208) * ad[sb]), acc);
   }
   return _mm512_reduce_add_ps(acc);
-}
-
-// Without VNNI (the Dp set).
-template <class D, int K>
-inline float k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
-  if constexpr (K == 6) return q6k_row512<D, false>(row, act, n);
-  else return k45_row512<K == 5>(row, act, n);
 }
 
 // 512-bit vector ops of the tiled GEMM (kernels_quant_simd.h, qk::qg): panels
@@ -470,7 +463,8 @@ struct Dp {
   }
   template <int K>
   static float k_row(const uint8_t* row, const uint8_t* act, int64_t n) {
-    return k_row512<Dp, K>(row, act, n);
+    if constexpr (K == 6) return q6k_row512<Dp>(row, act, n);
+    else return k45_row512<K == 5>(row, act, n);
   }
 };
 struct DpVnni {
@@ -491,7 +485,7 @@ struct DpVnni {
   }
   template <int K>
   static float k_row(const uint8_t* row, const uint8_t* act, int64_t n) {
-    if constexpr (K == 6) return q6k_row512<DpVnni, true>(row, act, n);
+    if constexpr (K == 6) return q6k_row512<DpVnni>(row, act, n);
     else return k45_row512_vnni<DpVnni, K == 5>(row, act, n);
   }
 };
