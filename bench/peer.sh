@@ -155,6 +155,40 @@ EOF
 
 # ---------------------------------------------------------------- per type
 declare -A ROW
+# bracketed ENGINE TYPE: REPS runs of rep_ENGINE (one repetition each), every one between two
+# bw() reads; parse_ENGINE LOG prints "pp tg GB/s" of a run. Fills ROW and BW, or marks the
+# row failed (with the log on stderr) when a run fails.
+bracketed() {
+  local eng=$1 ty=$2 log="$LOGS/$1-$2.txt" rep="$LOGS/$1-$2.rep.txt"
+  local r b0 x0 b1 x1 pp tg gb pps="" tgs="" gbs="" bws="" bests=""
+  : > "$log"
+  for r in $(seq "$REPS"); do
+    read -r b0 x0 < <(bw)
+    if ! "rep_$eng" > "$rep" 2>&1; then
+      cat "$rep" >> "$log"; cat "$log" >&2
+      say "$eng FAILED on $ty (log above: $log)"
+      ROW["$eng,$ty"]="failed|failed|-"
+      return
+    fi
+    read -r b1 x1 < <(bw)
+    cat "$rep" >> "$log"
+    read -r pp tg gb < <("parse_$eng" "$rep")
+    say "  run $r/$REPS: pp$PP $pp t/s, tg$TG $tg t/s = $gb GB/s; read BW before/after: mean $b0 / $b1, best $x0 / $x1 GB/s"
+    pps+=" $pp"; tgs+=" $tg"; gbs+=" $gb"; bws+=" $b0 $b1"; bests+=" $x0 $x1"
+  done
+  ROW["$eng,$ty"]="$(stats "$pps")|$(stats "$tgs")|$(stats "$gbs")"
+  BW["$eng,$ty"]="$(stats "$bws")|$(stats "$bests")"
+}
+rep_dory() { "$DORY" bench -m "$df" -p "$PP" -n "$TG" -r 1 -t "$THREADS"; }
+# | model | size | params | loops | kv | threads | test | t/s | GB/s |
+parse_dory() {
+  awk -F'|' -v p="pp$PP" -v t="tg$TG" '$8 ~ " "p" " {split($9, a, " "); pp = a[1]}
+    $8 ~ " "t" " {split($9, a, " "); tg = a[1]; gb = $10; gsub(/ /, "", gb)} END {print pp, tg, gb}' "$1"
+}
+rep_llama() { (cd "$NPM_DIR" && node peer_bench.mjs "$lf" "$PP" "$TG" 1 "$THREADS"); }
+# RESULT pp MEAN SD tg MEAN SD
+parse_llama() { awk -v b="$bytes" '/^RESULT/ {printf "%s %s %.2f\n", $3, $6, b * $6 / 1e9}' "$1"; }
+
 for ty in $TYPES; do
   # (c) dory
   if [ "$SKIP_DORY" = 0 ]; then
@@ -167,21 +201,7 @@ for ty in $TYPES; do
       say "reusing $df"
     fi
     say "dory bench $ty: -p $PP -n $TG -t $THREADS, $REPS runs of -r 1 (load $(load))"
-    : > "$LOGS/dory-$ty.txt"
-    pps=""; tgs=""; gbs=""; bws=""; bests=""
-    for r in $(seq "$REPS"); do
-      read -r b0 x0 < <(bw)
-      "$DORY" bench -m "$df" -p "$PP" -n "$TG" -r 1 -t "$THREADS" 2>&1 | tee -a "$LOGS/dory-$ty.txt" > "$LOGS/dory-$ty.rep.txt"
-      read -r b1 x1 < <(bw)
-      # | model | size | params | loops | kv | threads | test | t/s | GB/s |
-      pp=$(awk -F'|' -v t="pp$PP" '$8 ~ " "t" " {split($9, a, " "); print a[1]}' "$LOGS/dory-$ty.rep.txt")
-      tg=$(awk -F'|' -v t="tg$TG" '$8 ~ " "t" " {split($9, a, " "); print a[1]}' "$LOGS/dory-$ty.rep.txt")
-      gb=$(awk -F'|' -v t="tg$TG" '$8 ~ " "t" " {gsub(/ /,"",$10); print $10}' "$LOGS/dory-$ty.rep.txt")
-      say "  run $r/$REPS: pp$PP $pp t/s, tg$TG $tg t/s = $gb GB/s; read BW before/after: mean $b0 / $b1, best $x0 / $x1 GB/s"
-      pps+=" $pp"; tgs+=" $tg"; gbs+=" $gb"; bws+=" $b0 $b1"; bests+=" $x0 $x1"
-    done
-    ROW["dory,$ty"]="$(stats "$pps")|$(stats "$tgs")|$(stats "$gbs")"
-    BW["dory,$ty"]="$(stats "$bws")|$(stats "$bests")"
+    bracketed dory "$ty"
   fi
   # (b) llama.cpp
   case "$ty" in q8_0|q4_0) ;; *) continue ;; esac
@@ -196,29 +216,7 @@ for ty in $TYPES; do
     fi
     bytes=$("$PY" "$ROOT/bench/make_llama_gguf.py" "$lf" --type "$ty" --bytes-only | awk '{print $2}')
     say "node-llama-cpp $ty: pp$PP tg$TG, $THREADS threads, $REPS runs of one repetition (load $(load))"
-    : > "$LOGS/llama-$ty.txt"
-    pps=""; tgs=""; gbs=""; bws=""; bests=""; ok=1
-    for r in $(seq "$REPS"); do
-      read -r b0 x0 < <(bw)
-      if ! (cd "$NPM_DIR" && node peer_bench.mjs "$lf" "$PP" "$TG" 1 "$THREADS") > "$LOGS/llama-$ty.rep.txt" 2>&1; then
-        cat "$LOGS/llama-$ty.rep.txt" >> "$LOGS/llama-$ty.txt"
-        ok=0; break
-      fi
-      read -r b1 x1 < <(bw)
-      cat "$LOGS/llama-$ty.rep.txt" >> "$LOGS/llama-$ty.txt"
-      read -r _ _ pp _ _ tg _ < <(grep '^RESULT' "$LOGS/llama-$ty.rep.txt")
-      gb=$(awk -v b="$bytes" -v t="$tg" 'BEGIN{printf "%.2f", b*t/1e9}')
-      say "  run $r/$REPS: pp$PP $pp t/s, tg$TG $tg t/s = $gb GB/s; read BW before/after: mean $b0 / $b1, best $x0 / $x1 GB/s"
-      pps+=" $pp"; tgs+=" $tg"; gbs+=" $gb"; bws+=" $b0 $b1"; bests+=" $x0 $x1"
-    done
-    if [ "$ok" = 1 ]; then
-      ROW["llama,$ty"]="$(stats "$pps")|$(stats "$tgs")|$(stats "$gbs")"
-      BW["llama,$ty"]="$(stats "$bws")|$(stats "$bests")"
-    else
-      cat "$LOGS/llama-$ty.txt" >&2
-      say "node-llama-cpp FAILED on $ty (log above: $LOGS/llama-$ty.txt)"
-      ROW["llama,$ty"]="failed|failed|-"
-    fi
+    bracketed llama "$ty"
   fi
 done
 
