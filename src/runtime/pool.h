@@ -1,10 +1,13 @@
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <span>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace dory {
@@ -48,6 +51,39 @@ class ThreadPool {
   std::atomic<int64_t> next_{0};
   std::atomic<int64_t> done_{0};
   std::atomic<int> busy_workers_{0};      // changed under mu_, read by the spinning caller
+};
+
+// Guided scheduling of [0, n): each claim takes a contiguous range of the
+// remaining items / `parts` (at least `min_size`), so ranges start long and
+// shrink as the work runs out, and never cross one of `cuts` (ascending, the
+// last one n). For streams through memory, where every new range restarts the
+// stream: long ranges first, short ones to even out the end. Claims from any
+// number of threads at once.
+class GuidedRanges {
+ public:
+  GuidedRanges(std::span<const int64_t> cuts, int64_t min_size, int64_t parts)
+      : cuts_(cuts), min_(std::max<int64_t>(1, min_size)), parts_(std::max<int64_t>(1, parts)) {}
+
+  // The next range [first, second); empty (first == second) once all are taken.
+  std::pair<int64_t, int64_t> claim() {
+    const int64_t n = cuts_.empty() ? 0 : cuts_.back();
+    int64_t cur = next_.load(std::memory_order_relaxed);
+    for (;;) {
+      if (cur >= n) return {n, n};
+      int64_t e = cur + std::max(min_, (n - cur) / parts_);
+      for (int64_t c : cuts_)
+        if (c > cur) {
+          e = std::min(e, c);
+          break;
+        }
+      if (next_.compare_exchange_weak(cur, e, std::memory_order_relaxed)) return {cur, e};
+    }
+  }
+
+ private:
+  std::span<const int64_t> cuts_;
+  int64_t min_, parts_;
+  std::atomic<int64_t> next_{0};
 };
 
 }  // namespace dory
