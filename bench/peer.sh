@@ -5,7 +5,10 @@
 #
 #   bench/peer.sh [--types "q8_0 q4_0 q4_k_m"] [--threads 2] [--reps 3] [--pp 512] [--tg 128]
 #                 [--src /tmp/dory4b] [--models DIR] [--gib 2] [--keep] [--skip-llama] [--skip-dory]
+#                 [--mmap]
 #
+# Both engines read the weights into memory at load (dory bench --no-mmap, node-llama-cpp
+# useMmap: false; decode streams them faster from there); --mmap runs both on the mapped file.
 # Makes what is missing (the 4B-shaped random Dory checkpoint, its GGUFs, the llama GGUFs,
 # the npm install under bench/.peer/), reuses what is already there, and at the end deletes
 # the model files this run made, unless --keep. Raw outputs go to bench/.peer/logs/.
@@ -14,7 +17,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 TYPES="q8_0 q4_0 q4_k_m"; THREADS=2; REPS=3; PP=512; TG=128; SRC=/tmp/dory4b; MODELS=/tmp
-GIB=2; KEEP=0; SKIP_LLAMA=0; SKIP_DORY=0
+GIB=2; KEEP=0; SKIP_LLAMA=0; SKIP_DORY=0; MMAP=0
 NLC_VERSION=3.21.1
 PY=/usr/bin/python3
 while [ $# -gt 0 ]; do
@@ -30,7 +33,8 @@ while [ $# -gt 0 ]; do
     --keep) KEEP=1; shift ;;
     --skip-llama) SKIP_LLAMA=1; shift ;;
     --skip-dory) SKIP_DORY=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --mmap) MMAP=1; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "peer.sh: unknown option $1" >&2; exit 1 ;;
   esac
 done
@@ -111,14 +115,14 @@ fi
 # output matrix is read every token, as in llama-bench); a short warm-up first
 cat > "$NPM_DIR/peer_bench.mjs" 2>/dev/null <<'EOF' || true
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
-const [modelPath, P, N, R, T] = [process.argv[2], +process.argv[3], +process.argv[4], +process.argv[5], +process.argv[6]];
+const [modelPath, P, N, R, T, M] = [process.argv[2], +process.argv[3], +process.argv[4], +process.argv[5], +process.argv[6], process.argv[7] === "1"];
 const llama = await getLlama({gpu: false, build: "never", maxThreads: T, logLevel: LlamaLogLevel.warn, progressLogs: false});
 console.error(`node-llama-cpp: gpu=${llama.gpu} build=${llama.buildType} cpuMathCores=${llama.cpuMathCores} bindings ${llama.llamaCppRelease?.release ?? "?"}`);
 let t0 = performance.now();
-const model = await llama.loadModel({modelPath, gpuLayers: 0, useMmap: true});
+const model = await llama.loadModel({modelPath, gpuLayers: 0, useMmap: M});
 try { const fs = await import("fs"); const m = fs.readFileSync("/proc/self/maps", "utf8").match(/libggml-cpu-[\w.-]+\.so/);
   console.error(`ggml CPU backend: ${m ? m[0] : "?"}`); } catch (e) {}
-console.error(`loaded ${modelPath} in ${((performance.now() - t0) / 1000).toFixed(2)} s; size ${model.size} bytes`);
+console.error(`loaded ${modelPath} in ${((performance.now() - t0) / 1000).toFixed(2)} s; size ${model.size} bytes; useMmap ${M}`);
 let seed = 12345;
 const rnd = () => (seed = (seed * 1103515245 + 12345) % 2147483648) % 131000;
 const ctx = await model.createContext({contextSize: Math.max(1024, P + N + 16), batchSize: 512,
@@ -179,13 +183,13 @@ bracketed() {
   ROW["$eng,$ty"]="$(stats "$pps")|$(stats "$tgs")|$(stats "$gbs")"
   BW["$eng,$ty"]="$(stats "$bws")|$(stats "$bests")"
 }
-rep_dory() { "$DORY" bench -m "$df" -p "$PP" -n "$TG" -r 1 -t "$THREADS"; }
+rep_dory() { "$DORY" bench -m "$df" -p "$PP" -n "$TG" -r 1 -t "$THREADS" "$([ "$MMAP" = 1 ] && echo --mmap || echo --no-mmap)"; }
 # | model | size | params | loops | kv | threads | test | t/s | GB/s |
 parse_dory() {
   awk -F'|' -v p="pp$PP" -v t="tg$TG" '$8 ~ " "p" " {split($9, a, " "); pp = a[1]}
     $8 ~ " "t" " {split($9, a, " "); tg = a[1]; gb = $10; gsub(/ /, "", gb)} END {print pp, tg, gb}' "$1"
 }
-rep_llama() { (cd "$NPM_DIR" && node peer_bench.mjs "$lf" "$PP" "$TG" 1 "$THREADS"); }
+rep_llama() { (cd "$NPM_DIR" && node peer_bench.mjs "$lf" "$PP" "$TG" 1 "$THREADS" "$MMAP"); }
 # RESULT pp MEAN SD tg MEAN SD
 parse_llama() { awk -v b="$bytes" '/^RESULT/ {printf "%s %s %.2f\n", $3, $6, b * $6 / 1e9}' "$1"; }
 
@@ -225,6 +229,7 @@ echo
 read -r STREAM_END _ < <(bw)
 echo "memory read bandwidth (bench/stream.c): at the start $STREAM_ALL GB/s with $(nproc) threads (2 GiB, best of 10), $STREAM_T GB/s with $THREADS; at the end $STREAM_END GB/s (1 GiB, mean of 100 passes)"
 echo "load average at the end: $(load)"
+echo "weights: $([ "$MMAP" = 1 ] && echo "mapped from the files by both engines (--mmap)" || echo "read into memory by both engines (dory --no-mmap, node-llama-cpp useMmap: false)")"
 echo
 echo "| engine | type | threads | pp$PP t/s | tg$TG t/s | tg GB/s | read BW around the runs: mean (best pass), GB/s | tg GB/s / mean read BW |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"

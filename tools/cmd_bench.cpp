@@ -40,7 +40,7 @@ std::pair<double, double> mean_sd(const std::vector<double>& v) {
 
 int run_bench(const BenchOpts& o) {
   const auto t_load = Clock::now();
-  auto model = Model::load(o.run.model_path());
+  auto model = Model::load(o.run.model_path(), o.run.placement());
   const double load_s = seconds_since(t_load);
   const DoryConfig& c = model->config();
   const int threads = o.run.n_threads();
@@ -48,8 +48,8 @@ int run_bench(const BenchOpts& o) {
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab - 1));
 
-  std::fprintf(stderr, "loaded %s in %.2f s; kernels: %s; %d threads\n", model->path().c_str(),
-               load_s, kern::kernels().name, threads);
+  std::fprintf(stderr, "loaded %s in %.2f s (weights %s); kernels: %s; %d threads\n", model->path().c_str(),
+               load_s, weights_placement_text(*model).c_str(), kern::kernels().name, threads);
   uint64_t kv_max = 0;  // the largest KV cache of any run, for the memory line
   KvBytes kv_split{};   // of that run
   GateStats gates{};    // summed over the tg runs

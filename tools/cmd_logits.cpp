@@ -22,7 +22,7 @@ struct LogitsOpts {
 
 int run_logits(const LogitsOpts& o) {
   const std::vector<int32_t> ids = parse_ids(o.ids);
-  auto model = Model::load(o.run.model_path());
+  auto model = Model::load(o.run.model_path(), o.run.placement());
   ThreadPool pool(o.run.n_threads());
   Session session(model, pool, o.run.session());
   if (o.prompt_rows < 0 || o.prompt_rows >= static_cast<int64_t>(ids.size()))

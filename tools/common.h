@@ -24,6 +24,8 @@ struct RunOpts {
   std::string rectify;    // "" = aggregate
   std::string exact;      // "" = the model file's
   std::string spill;      // "" = RAM
+  bool mmap = false, no_mmap = false;  // --mmap (the default) / --no-mmap
+  WeightPlacement placement() const;
   SessionOptions session() const;
   int n_threads() const;
   std::string model_path() const;  // model, or the built-in one
@@ -66,6 +68,10 @@ class ProgressLine {
 
 std::vector<int32_t> parse_ids(const std::string& s);  // "1,2,3"
 std::string human_bytes(uint64_t b);
+// "in memory (2.05 GiB on huge pages)" or "mapped from the file": where the
+// model's weights are (the huge-page figure is this process's, from
+// /proc/self/smaps_rollup).
+std::string weights_placement_text(const Model& m);
 // "gate conf:0.7: 40 tokens gated, 35.0% left after one pass (readouts 40, probes 0)", or ""
 // when the session has no gate.
 std::string gate_summary(const Session& s);

@@ -6,7 +6,7 @@ namespace dory::cli {
 
 Loaded load_model_and_tokenizer(const RunOpts& run, const std::string& tokenizer_path) {
   Loaded l;
-  l.model = Model::load(run.model_path());
+  l.model = Model::load(run.model_path(), run.placement());
   // Without --tokenizer: the model's directory (tokenizer.json), or for a GGUF model the
   // tokenizer.ggml.* metadata inside it (Tokenizer::from_path tells them apart).
   try {

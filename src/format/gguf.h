@@ -94,6 +94,12 @@ class File {
   uint32_t version() const { return version_; }
   uint32_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
+  // The mapping's bytes into anonymous memory (MappedFile::read_into_memory);
+  // nothing to do for a file parsed from the caller's bytes.
+  void read_into_memory() {
+    if (map_) map_->read_into_memory();
+  }
+  bool in_memory() const { return !map_ || map_->in_memory(); }
 
   // Metadata in file order.
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }

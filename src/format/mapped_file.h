@@ -5,8 +5,10 @@
 
 namespace dory {
 
-// A read-only memory map of a whole file. Weights are used in place from it,
-// so a 4B bf16 checkpoint costs page cache, not 16 GB of converted floats.
+// A read-only memory map of a whole file, at an address aligned to 2 MiB.
+// Weights are used in place from it, so a 4B bf16 checkpoint costs page
+// cache, not 16 GB of converted floats; or, after read_into_memory(), from
+// anonymous memory at the same addresses.
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path);  // throws Error
@@ -18,10 +20,21 @@ class MappedFile {
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Reads the file into anonymous memory (transparent huge pages asked for)
+  // and moves that memory over the mapping: the same bytes at the same
+  // addresses, so pointers into data() stay valid. Decode streams every
+  // weight once a token; from 2 MiB pages it reads them faster than through
+  // the file's page-cache mapping (see Model::load). Throws Error, with the
+  // mapping as it was, when the memory or the read fails (e.g. the file
+  // changed size since it was mapped).
+  void read_into_memory();
+  bool in_memory() const { return in_memory_; }
+
  private:
   std::string path_;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
+  bool in_memory_ = false;
 };
 
 std::string read_text_file(const std::string& path);  // throws Error

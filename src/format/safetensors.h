@@ -20,6 +20,11 @@ class SafeTensorsFile {
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::string& path() const { return name_; }
   uint64_t size() const { return size_; }
+  // As gguf::File's.
+  void read_into_memory() {
+    if (map_) map_->read_into_memory();
+  }
+  bool in_memory() const { return !map_ || map_->in_memory(); }
 
  private:
   void parse(const uint8_t* data, uint64_t size);

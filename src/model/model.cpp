@@ -5,9 +5,14 @@
 
 namespace dory {
 
-std::shared_ptr<const Model> Model::load(const std::string& path) {
+std::shared_ptr<const Model> Model::load(const std::string& path, WeightPlacement place) {
   std::shared_ptr<Model> m(new Model());
   m->weights_ = load_weights(path, &m->path_);
+  Weights& w = *m->weights_;
+  if (place == WeightPlacement::Memory) {
+    for (auto& f : w.files) f->read_into_memory();
+    if (w.gguf) w.gguf->read_into_memory();
+  }
   return m;
 }
 
@@ -19,6 +24,12 @@ int64_t Model::n_params() const {
   int64_t n = 0;
   for (const auto& t : weights_->all) n += t.numel();
   return n;
+}
+
+bool Model::weights_in_memory() const {
+  for (const auto& f : weights_->files)
+    if (!f->in_memory()) return false;
+  return !weights_->gguf || weights_->gguf->in_memory();
 }
 
 uint64_t Model::file_bytes() const {

@@ -52,9 +52,9 @@ def run(*args, ok=True):
     return p
 
 
-def logits(model, ids=IDS):
-    out = os.path.join(_TMP, "l_%d.npy" % abs(hash((model, ids))))
-    run("logits", "-m", model, "--ids", ids, "-o", out, "-t", "2")
+def logits(model, ids=IDS, extra=()):
+    out = os.path.join(_TMP, "l_%d.npy" % abs(hash((model, ids, tuple(extra)))))
+    run("logits", "-m", model, "--ids", ids, "-o", out, "-t", "2", *extra)
     return np.load(out)
 
 
@@ -83,6 +83,19 @@ class Convert(unittest.TestCase):
         for t in ("bf16", "f32"):
             got = logits(self.convert(t))
             self.assertTrue(np.array_equal(ref, got), f"{t}: max diff {np.abs(ref - got).max()}")
+
+    def test_no_mmap_same_logits(self):
+        # --no-mmap reads the weights into memory: the same bytes, so the same bits, for a
+        # GGUF file and a safetensors checkpoint; bench says where the weights are.
+        for m in (_HF, self.convert("q4_0")):
+            a, b = logits(m), logits(m, extra=("--no-mmap",))
+            self.assertTrue(np.array_equal(a, b), f"{m}: max diff {np.abs(a - b).max()}")
+        for flag, where in (("--mmap", "weights mapped from the file"), ("--no-mmap", "weights in memory")):
+            p = run("bench", "-m", _HF, "-p", "4", "-n", "2", "-r", "1", "-t", "1", flag)
+            self.assertIn(where, p.stderr)
+        p = run("logits", "-m", _HF, "--ids", "1", "--mmap", "--no-mmap", ok=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--mmap excludes --no-mmap", p.stderr)
 
     def test_layout(self):
         kv, tensors, _ = g.read(self.convert("bf16"))
