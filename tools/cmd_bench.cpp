@@ -149,25 +149,18 @@ int run_bench(const BenchOpts& o) {
                  human_bytes(kv_split.far).c_str(), probe.o1().str().c_str());
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  // Weights are memory-mapped: their file pages count in RSS once touched, but
-  // they are page cache, not copies. RssAnon is what the engine allocated.
-  std::string anon = "?", file = "?";
-  if (FILE* f = std::fopen("/proc/self/status", "r")) {
-    char line[256];
-    while (std::fgets(line, sizeof line, f)) {
-      unsigned long long kb;
-      if (std::sscanf(line, "RssAnon: %llu kB", &kb) == 1) anon = human_bytes(kb * 1024);
-      if (std::sscanf(line, "RssFile: %llu kB", &kb) == 1) file = human_bytes(kb * 1024);
-    }
-    std::fclose(f);
-  }
+  // Mapped weights count in RSS as file pages once touched (page cache, not
+  // copies); weights read into memory (--no-mmap) count as anonymous pages,
+  // with what the engine allocated.
+  const auto anon = proc_bytes("/proc/self/status", "RssAnon"), file = proc_bytes("/proc/self/status", "RssFile");
   const uint64_t peak = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   std::fprintf(stderr,
                "peak RSS %s = %.3f x (file %s + KV cache %s, the largest of the runs); now %s "
-               "allocated (RssAnon) + %s mapped weights (RssFile)\n",
+               "anonymous (RssAnon: allocations%s) + %s file-backed (RssFile%s)\n",
                human_bytes(peak).c_str(), double(peak) / double(model->file_bytes() + kv_max),
-               human_bytes(model->file_bytes()).c_str(), human_bytes(kv_max).c_str(), anon.c_str(),
-               file.c_str());
+               human_bytes(model->file_bytes()).c_str(), human_bytes(kv_max).c_str(),
+               anon ? human_bytes(*anon).c_str() : "?", model->weights_in_memory() ? " and the weights" : "",
+               file ? human_bytes(*file).c_str() : "?", model->weights_in_memory() ? "" : ": the mapped weights");
   return 0;
 }
 }  // namespace

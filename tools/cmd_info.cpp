@@ -22,7 +22,7 @@ std::string block_summary(const DoryConfig& c, int64_t b, int64_t e) {
 }
 
 int run_info(const std::string& path) {
-  auto model = Model::load(path, WeightPlacement::Mapped);
+  auto model = Model::load(path);
   const DoryConfig& c = model->config();
   const auto files = model->files();
   std::printf("model          %s\n", model->path().c_str());

@@ -199,13 +199,18 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
+std::optional<uint64_t> proc_bytes(const char* file, const std::string& key) {
+  std::ifstream f(file);
+  const std::string head = key + ":";
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind(head, 0) == 0) return std::strtoull(line.c_str() + head.size(), nullptr, 10) * 1024;
+  return std::nullopt;
+}
+
 std::string weights_placement_text(const Model& m) {
   if (!m.weights_in_memory()) return "mapped from the file";
-  std::ifstream f("/proc/self/smaps_rollup");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("AnonHugePages:", 0) == 0)
-      return "in memory, " + human_bytes(std::strtoull(line.c_str() + 14, nullptr, 10) * 1024) + " on huge pages";
-  return "in memory";
+  const auto huge = proc_bytes("/proc/self/smaps_rollup", "AnonHugePages");
+  return huge ? "in memory, " + human_bytes(*huge) + " on huge pages" : "in memory";
 }
 
 std::string human_bytes(uint64_t b) {

@@ -1,6 +1,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,8 @@ class ProgressLine {
 
 std::vector<int32_t> parse_ids(const std::string& s);  // "1,2,3"
 std::string human_bytes(uint64_t b);
+// A "Key:   N kB" line of a /proc file (status, smaps_rollup, meminfo) in bytes.
+std::optional<uint64_t> proc_bytes(const char* file, const std::string& key);
 // "in memory (2.05 GiB on huge pages)" or "mapped from the file": where the
 // model's weights are (the huge-page figure is this process's, from
 // /proc/self/smaps_rollup).
