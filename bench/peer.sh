@@ -113,7 +113,7 @@ fi
 # the timing driver: a fresh context, pp = one evaluation of PP random ids (batch 512, no
 # sampling), tg = TG single-token decodes each sampled greedily (logits computed, so the
 # output matrix is read every token, as in llama-bench); a short warm-up first
-[ -d "$NPM_DIR" ] && cat > "$NPM_DIR/peer_bench.mjs" <<'EOF' || true
+[ "$NODE_OK" = 1 ] && cat > "$NPM_DIR/peer_bench.mjs" <<'EOF' || true
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 const [modelPath, P, N, R, T, M] = [process.argv[2], +process.argv[3], +process.argv[4], +process.argv[5], +process.argv[6], process.argv[7] === "1"];
 const llama = await getLlama({gpu: false, build: "never", maxThreads: T, logLevel: LlamaLogLevel.warn, progressLogs: false});
