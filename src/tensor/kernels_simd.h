@@ -83,7 +83,12 @@ inline void prefetch_run(const uint8_t* p, int64_t len, const uint8_t* end) {
   for (int64_t i = 0; i < len && p + i < end; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
 }
 
-// Rows one at a time, prefetched kPrefetchAhead ahead.
+// Two rows at a time (the last one alone), prefetched kPrefetchAhead ahead.
+// Each row's sum is one chain of FMAs, so one row at a time waits on the FMA
+// latency: 4096x2560 BF16, one thread, 23.7 -> 39.6 GB/s from cache and 22.9 ->
+// 31.8 from memory with two. Four rows measured slower than one from memory
+// (18.6 GB/s): four streams per thread. A row's bits do not change with the
+// pairing (its own chain, in the same order), so they stay matmat_few_t's.
 template <class V>
 void matvec_t(const Mat& w, const float* x, float* y, int64_t r0, int64_t r1) {
   const int es = w.dtype == DType::F32 ? 4 : 2;
@@ -91,9 +96,14 @@ void matvec_t(const Mat& w, const float* x, float* y, int64_t r0, int64_t r1) {
   const int64_t stride = w.cols * es;
   const uint8_t* end = base + r1 * stride;
   prefetch_run(base + r0 * stride, kPrefetchAhead, end);
-  for (int64_t r = r0; r < r1; ++r) {
+  int64_t r = r0;
+  for (; r + 2 <= r1; r += 2) {
+    const uint8_t* rows[2] = {base + r * stride, base + (r + 1) * stride};
+    prefetch_run(rows[0] + kPrefetchAhead, 2 * stride, end);
+    rows_dot<V, 2>(w.dtype, rows, x, w.cols, y + (r - r0));
+  }
+  if (r < r1) {
     const uint8_t* row = base + r * stride;
-    prefetch_run(row + kPrefetchAhead, stride, end);
     rows_dot<V, 1>(w.dtype, &row, x, w.cols, y + (r - r0));
   }
 }
