@@ -51,7 +51,9 @@ inline uint64_t round64(uint64_t b) { return (b + 63) / 64 * 64; }
 //     64c+96..+127 (the high ones).
 struct ActLayout {
   uint64_t d, extra, extra2, nib, nibbias, bytes;
-  ActLayout(int kind, int64_t n) {
+  // Inlined by force: the row kernels build one per weight row, and GCC left
+  // it a call (1.5% of 4B Q4_K_M decode in perf).
+  [[gnu::always_inline]] ActLayout(int kind, int64_t n) {
     d = round64(n);
     if (kind == kA32) {
       extra = round64(d + n / 32 * 4);  // ns4
