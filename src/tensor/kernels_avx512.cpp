@@ -267,7 +267,7 @@ float k45_row512_vnni(const uint8_t* row, const uint8_t* act, int64_t n) {
       const __m512i dlo = D::dpbusd512(_mm512_setzero_si512(), lo, _mm512_load_si512(a));
       const __m512i dhi = D::dpbusd512(_mm512_setzero_si512(), hi, _mm512_load_si512(a + 64));
       const __m512i s = _mm512_permutexvar_epi16(pr ? idx1 : idx0, sc16);
-      is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_packs_epi32(dlo, dhi), s));
+      is = D::dpwssd512(is, _mm512_packs_epi32(dlo, dhi), s);
     }
     ks.add(p, ad[sb], is, acc, accm);
   }
@@ -310,7 +310,7 @@ inline float q6k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
         const __m512i dlo = D::dpbusd512(_mm512_setzero_si512(), ulo, alo);
         const __m512i dhi = D::dpbusd512(_mm512_setzero_si512(), uhi, ahi);
         const __m512i s = _mm512_permutexvar_epi16(h ? idx1 : idx0, sc16);
-        is = _mm512_add_epi32(is, _mm512_madd_epi16(_mm512_packs_epi32(dlo, dhi), s));
+        is = D::dpwssd512(is, _mm512_packs_epi32(dlo, dhi), s);
       } else {
         const __m512i slo = _mm512_permutexvar_epi16(idx16x4(8 * h), sc16);
         const __m512i shi = _mm512_permutexvar_epi16(idx16x4(8 * h + 4), sc16);
@@ -457,6 +457,7 @@ struct Dp {
   using G = G512<false>;
   static __m256i dpbusd(__m256i acc, __m256i, __m256i) { return acc; }  // unused
   static __m512i dpbusd512(__m512i acc, __m512i, __m512i) { return acc; }  // unused
+  static __m512i dpwssd512(__m512i acc, __m512i, __m512i) { return acc; }  // unused
   template <bool Q8>
   static float a32_row(const uint8_t* row, const uint8_t* act, int64_t n) {
     return a32_row512<Dp, Q8>(row, act, n);
@@ -477,6 +478,11 @@ struct DpVnni {
   }
   static __m512i dpbusd512(__m512i acc, __m512i u, __m512i s) {
     asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+  }
+  // acc + madd(a, b) in one instruction (no saturation: the same integers).
+  static __m512i dpwssd512(__m512i acc, __m512i a, __m512i b) {
+    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
     return acc;
   }
   template <bool Q8>
