@@ -224,10 +224,11 @@ float k45_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
 // nibbles (sub-blocks 4p, 4p+2) and high (4p+1, 4p+3) against the input's nib
 // section (Q5_K: each with its bit of qh, from [qh | qh >> 2] for the low
 // nibbles and [qh >> 1 | qh >> 3] for the high); each dot instruction's int32
-// lanes (|sum| <= 4*31*127, an int16) are packed to int16 and scaled by the
-// sub-block scales in one madd. The same integers as k45_row512's maddubs
-// steps; Q4_K 9 vector operations per 128 elements against 12 (one thread,
-// 256 x 2560 in L2: 24.7 -> 37.5 GB/s).
+// lanes (|sum| <= 4*31*127, an int16) are packed to int16, scaled by the
+// sub-block scales and added in one vpdpwssd (madd + add, no saturation). The
+// same integers as k45_row512's maddubs steps; Q4_K 8 vector operations per
+// 128 elements against 12 (one thread, 256 x 2560 in L2: 24.7 -> 37.5 GB/s
+// with madd + add, ~1% more with vpdpwssd).
 template <class D, bool Q5>
 float k45_row512_vnni(const uint8_t* row, const uint8_t* act, int64_t n) {
   constexpr int kBytes = Q5 ? 176 : 144;
@@ -277,8 +278,8 @@ float k45_row512_vnni(const uint8_t* row, const uint8_t* act, int64_t n) {
 // Q6_K rows, 512-bit: 64 elements per vector (ql's 64 bytes of a half give the
 // low nibbles of elements 0-63 and the high nibbles of 64-127).
 // With VNNI (D::kVnni), as k45_row512_vnni: one dot instruction per 64
-// elements (|lane sum| <= 4*63*127, an int16), packed and scaled in one madd;
-// 16 vector operations per 128 elements against 18.
+// elements (|lane sum| <= 4*63*127, an int16), packed, then scaled and added
+// in one vpdpwssd; 15 vector operations per 128 elements against 18.
 template <class D>
 inline float q6k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   const qk::ActLayout L(qk::kQ8K, n);

@@ -77,7 +77,9 @@ inline void rows_dot(DType d, const uint8_t* const* rows, const float* x, int64_
 // against 4 rows at a time with no prefetch; quantized: 24 Q4_0 / 12 Q8_0
 // 4096x2560 matrices, median of 15 interleaved passes, Q4_0 24.2 -> 30.7 and Q8_0
 // 28.3 -> 36.7 GB/s against next-4-rows bursts; 2-8 KiB within a few %, L2 hints
-// slower). prefetch_run asks for the lines of [p, p + len) that lie before end.
+// slower; the integer kernels have since become heavier per byte, and
+// qk::matvec_qa now asks only for a task's first kPrefetchAhead bytes: see
+// there). prefetch_run asks for the lines of [p, p + len) that lie before end.
 constexpr int64_t kPrefetchAhead = 4096;
 inline void prefetch_run(const uint8_t* p, int64_t len, const uint8_t* end) {
   for (int64_t i = 0; i < len && p + i < end; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
