@@ -56,7 +56,9 @@ TEST(GuidedRanges, CoverEveryItemOnceWithinCutsShrinkingToTheMinimum) {
       EXPECT_LE(e, cut) << "range [" << b << ", " << e << ") crosses the cut " << cut;
       // At least the minimum unless cut short by a cut; never more than a
       // share of what was left when it was taken.
-      if (e < cut) EXPECT_GE(e - b, 32) << b;
+      if (e < cut) {
+        EXPECT_GE(e - b, 32) << b;
+      }
       EXPECT_LE(e - b, std::max<int64_t>(32, (n - b) / 8)) << b;
     }
     if (n == 10240) {
