@@ -87,10 +87,11 @@ inline void prefetch_run(const uint8_t* p, int64_t len, const uint8_t* end) {
 
 // Two rows at a time (the last one alone), prefetched kPrefetchAhead ahead.
 // Each row's sum is one chain of FMAs, so one row at a time waits on the FMA
-// latency: 4096x2560 BF16, one thread, 23.7 -> 39.6 GB/s from cache and 22.9 ->
-// 31.8 from memory with two. Four rows measured slower than one from memory
-// (18.6 GB/s): four streams per thread. A row's bits do not change with the
-// pairing (its own chain, in the same order), so they stay matmat_few_t's.
+// latency: bench_kernels 4096x2560 BF16, one thread, matvec_hot 20.1-23.4 ->
+// 34.5-35.2 GB/s and matvec_dram 19.1-21.9 -> 28.9-29.7 with two. Four rows
+// measured slower than one from memory (four streams per thread). A row's bits
+// do not change with the pairing (its own chain, in the same order), so they
+// stay matmat_few_t's.
 template <class V>
 void matvec_t(const Mat& w, const float* x, float* y, int64_t r0, int64_t r1) {
   const int es = w.dtype == DType::F32 ? 4 : 2;
