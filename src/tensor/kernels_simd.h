@@ -85,30 +85,36 @@ inline void prefetch_run(const uint8_t* p, int64_t len, const uint8_t* end) {
   for (int64_t i = 0; i < len && p + i < end; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
 }
 
-// Two rows at a time (the last one alone), prefetched kPrefetchAhead ahead.
-// Each row's sum is one chain of FMAs, so one row at a time waits on the FMA
-// latency: bench_kernels 4096x2560 BF16, one thread, matvec_hot 20.1-23.4 ->
-// 34.5-35.2 GB/s and matvec_dram 19.1-21.9 -> 28.9-29.7 with two. Four rows
-// measured slower than one from memory (four streams per thread). A row's bits
-// do not change with the pairing (its own chain, in the same order), so they
-// stay matmat_few_t's.
-template <class V>
-void matvec_t(const Mat& w, const float* x, float* y, int64_t r0, int64_t r1) {
+// Float weight rows [r0, r1) two at a time (the last one alone when the count
+// is odd): f(rows, two, r) with rows[0] = row r (and rows[1] = row r + 1 when
+// two), each pair's lines asked for kPrefetchAhead ahead. Each row's sum is one
+// chain of FMAs, so one row at a time waits on the FMA latency: bench_kernels
+// 4096x2560 BF16 matvec, one thread, matvec_hot 20.1-23.4 -> 34.5-35.2 GB/s and
+// matvec_dram 19.1-21.9 -> 28.9-29.7 with two. Four rows measured slower than
+// one from memory (four streams per thread).
+template <class F>
+inline void for_row_pairs(const Mat& w, int64_t r0, int64_t r1, F&& f) {
   const int es = w.dtype == DType::F32 ? 4 : 2;
   const auto* base = static_cast<const uint8_t*>(w.data);
   const int64_t stride = w.cols * es;
   const uint8_t* end = base + r1 * stride;
   prefetch_run(base + r0 * stride, kPrefetchAhead, end);
-  int64_t r = r0;
-  for (; r + 2 <= r1; r += 2) {
-    const uint8_t* rows[2] = {base + r * stride, base + (r + 1) * stride};
+  for (int64_t r = r0; r < r1; r += 2) {
+    const bool two = r + 1 < r1;
+    const uint8_t* rows[2] = {base + r * stride, two ? base + (r + 1) * stride : nullptr};
     prefetch_run(rows[0] + kPrefetchAhead, 2 * stride, end);
-    rows_dot<V, 2>(w.dtype, rows, x, w.cols, y + (r - r0));
+    f(rows, two, r);
   }
-  if (r < r1) {
-    const uint8_t* row = base + r * stride;
-    rows_dot<V, 1>(w.dtype, &row, x, w.cols, y + (r - r0));
-  }
+}
+
+// A row's bits do not depend on the pairing (its own chain, in the same
+// order), so they are matmat_few_t's.
+template <class V>
+void matvec_t(const Mat& w, const float* x, float* y, int64_t r0, int64_t r1) {
+  for_row_pairs(w, r0, r1, [&](const uint8_t* const* rows, bool two, int64_t r) {
+    if (two) rows_dot<V, 2>(w.dtype, rows, x, w.cols, y + (r - r0));
+    else rows_dot<V, 1>(w.dtype, rows, x, w.cols, y + (r - r0));
+  });
 }
 
 // Converts n weights to float.
@@ -155,15 +161,8 @@ inline void rows_dot_nt(DType d, const uint8_t* const* rows, const float* x, int
 template <class V>
 void matmat_few_t(const Mat& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy, int64_t r0,
                   int64_t r1) {
-  const int es = w.dtype == DType::F32 ? 4 : 2;
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  const int64_t n = w.cols, stride = n * es;
-  const uint8_t* end = base + r1 * stride;
-  prefetch_run(base + r0 * stride, kPrefetchAhead, end);
-  for (int64_t r = r0; r < r1; r += 2) {
-    const uint8_t* rows[2] = {base + r * stride, base + (r + 1) * stride};
-    const bool two = r + 1 < r1;
-    prefetch_run(rows[0] + kPrefetchAhead, 2 * stride, end);
+  const int64_t n = w.cols;
+  for_row_pairs(w, r0, r1, [&](const uint8_t* const* rows, bool two, int64_t r) {
     // NT activation rows at once (4, then 2, then 1), against one or two weight rows.
     auto step = [&](int64_t t, auto nt) {
       constexpr int NT = decltype(nt)::value;
@@ -175,7 +174,7 @@ void matmat_few_t(const Mat& w, const float* x, int64_t T, int64_t ldx, float* y
       t += T - t >= 4 ? step(t, std::integral_constant<int, 4>{})
            : T - t >= 2 ? step(t, std::integral_constant<int, 2>{})
                         : step(t, std::integral_constant<int, 1>{});
-  }
+  });
 }
 
 // Batched product: blocks of 4 weight rows x kKc columns are converted to float
