@@ -533,7 +533,7 @@ TEST(QuantKernels, EverySetMatchesScalarOnOddShapes) {
   for (DType t : kQuant) {
     const int be = dtype_block_elems(t);
     std::vector<int64_t> cols = be == 32 ? std::vector<int64_t>{32, 64, 96, 224, 33 * 32}
-                                         : std::vector<int64_t>{256, 512, 768, 1280, 9 * 256};
+                                         : std::vector<int64_t>{256, 512, 768, 1024, 1280, 9 * 256};
     for (int64_t c : cols)
       for (int64_t r : {1, 2, 3, 4, 5, 7, 8, 13, 37}) cases.push_back({t, r, c});
     // A long row: 1031*32 (the K types: 129*256 = 33024, the nearest whole super-blocks).
