@@ -135,7 +135,10 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
   for (int64_t t = 0; t < T; ++t) {
     float* y = s.att.data() + t * QW;
     const float* g = s.g.data() + t * QW;
-    for (int64_t i = 0; i < QW; ++i) y[i] *= 1.0f / (1.0f + std::exp(-g[i] * L.gate_scale[i]));
+    thread_local std::vector<float> sig;
+    sig.resize(QW);
+    kk.sigmoid(g, L.gate_scale.data(), sig.data(), QW);
+    for (int64_t i = 0; i < QW; ++i) y[i] *= sig[i];
     normalize(y, QW);
   }
   linear(pool, L.wo, s.att.data(), T, s.out.data());

@@ -77,6 +77,10 @@ struct KernelSet {
                       int64_t lds);
   void (*attn_values)(const float* w, int64_t ldw, int nq, const float* v, int64_t stride, int64_t n, int64_t hd,
                       float* out, bool add);
+  // out[i] = 1 / (1 + exp(-x[i] * s[i])) (out may be x). The scalar set calls
+  // std::exp; the SIMD sets evaluate exp by a polynomial (within ~2 ulp of it;
+  // the result within 1e-6 relative or 1e-37 absolute).
+  void (*sigmoid)(const float* x, const float* s, float* out, int64_t n);
 };
 
 extern const KernelSet kScalar;

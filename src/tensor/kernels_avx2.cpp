@@ -21,6 +21,26 @@ struct Avx2 {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
+  static reg min(reg a, reg b) { return _mm256_min_ps(a, b); }  // b where either is NaN
+  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  static reg round(reg a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 2^k for whole k in [-126, 127]
+  static reg pow2i(reg k) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
+  }
+  static reg load_n(const float* p, int64_t n) {  // n < W floats, zeros after
+    alignas(32) float b[8] = {};
+    for (int64_t i = 0; i < n; ++i) b[i] = p[i];
+    return _mm256_load_ps(b);
+  }
+  static void store_n(float* p, reg v, int64_t n) {
+    alignas(32) float b[8];
+    _mm256_store_ps(b, v);
+    for (int64_t i = 0; i < n; ++i) p[i] = b[i];
+  }
   static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
   static float hsum(reg v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

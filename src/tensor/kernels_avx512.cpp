@@ -21,6 +21,20 @@ struct Avx512 {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg div(reg a, reg b) { return _mm512_div_ps(a, b); }
+  static reg min(reg a, reg b) { return _mm512_min_ps(a, b); }  // b where either is NaN
+  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
+  static reg round(reg a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 2^k for whole k in [-126, 127]
+  static reg pow2i(reg k) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23));
+  }
+  static reg load_n(const float* p, int64_t n) {  // n < W floats, zeros after
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
+  }
+  static void store_n(float* p, reg v, int64_t n) { _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v); }
   static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
   static float hsum(reg v) { return _mm512_reduce_add_ps(v); }
 };

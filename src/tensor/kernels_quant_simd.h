@@ -1145,7 +1145,8 @@ constexpr KernelSet make_qset(const char* name) {
                    qk::quantize_batch,
                    qk::matmat_qa<D>,
                    attn_scores_t<V>,
-                   attn_values_t<V>};
+                   attn_values_t<V>,
+                   sigmoid_t<V>};
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The reference kernels: plain loops, any x86-64. Every SIMD set is tested
 // against these.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -231,9 +232,13 @@ void attn_values(const float* w, int64_t ldw, int nq, const float* v, int64_t st
   }
 }
 
+void sigmoid(const float* x, const float* s, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / (1.0f + std::exp(-(x[i] * s[i])));
+}
+
 const KernelSet kScalar{"scalar", matvec, matmat, dot, axpy, dequantize_row,
                         act_row_bytes, quantize_act, matvec_qa,
-                        batch_bytes, quantize_batch, matmat_qa, attn_scores, attn_values};
+                        batch_bytes, quantize_batch, matmat_qa, attn_scores, attn_values, sigmoid};
 
 }  // namespace kern
 }  // namespace dory

@@ -233,6 +233,37 @@ void axpy_t(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// exp(x) for x clamped to [-87, 88] (so 2^k stays a normal float): x = k ln2 +
+// r with |r| <= ln2/2 (ln2 in two parts, so r is exact to a float), e^r by
+// Cephes expf's degree-7 minimax polynomial (about 1 ulp), times 2^k. NaN stays NaN.
+template <class V>
+inline typename V::reg exp_t(typename V::reg x) {
+  using R = typename V::reg;
+  x = V::max(V::set1(-87.0f), V::min(V::set1(88.0f), x));
+  const R k = V::round(V::mul(x, V::set1(1.44269504088896341f)));
+  R r = V::fma(k, V::set1(-0.693359375f), x);
+  r = V::fma(k, V::set1(2.12194440e-4f), r);
+  R p = V::set1(1.9875691500e-4f);
+  p = V::fma(p, r, V::set1(1.3981999507e-3f));
+  p = V::fma(p, r, V::set1(8.3334519073e-3f));
+  p = V::fma(p, r, V::set1(4.1665795894e-2f));
+  p = V::fma(p, r, V::set1(1.6666665459e-1f));
+  p = V::fma(p, r, V::set1(5.0000001201e-1f));
+  p = V::fma(p, V::mul(r, r), V::add(r, V::set1(1.0f)));
+  return V::mul(p, V::pow2i(k));
+}
+
+// out = 1 / (1 + exp(-x * s)), W at a time (the tail masked / through a buffer).
+template <class V>
+void sigmoid_t(const float* x, const float* s, float* out, int64_t n) {
+  using R = typename V::reg;
+  const R one = V::set1(1.0f), neg = V::set1(-1.0f);
+  auto f = [&](R xv, R sv) { return V::div(one, V::add(one, exp_t<V>(V::mul(V::mul(xv, sv), neg)))); };
+  int64_t i = 0;
+  for (; i + V::W <= n; i += V::W) V::store(out + i, f(V::load_f32(x + i), V::load_f32(s + i)));
+  if (i < n) V::store_n(out + i, f(V::load_n(x + i, n - i), V::load_n(s + i, n - i)), n - i);
+}
+
 // Scores for NI query heads x 4 keys at a time: 4*NI accumulators, each key row
 // loaded once per vector for all heads.
 template <class V, int NI>

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "tensor/kernels.h"
@@ -163,5 +164,36 @@ TEST(Kernels, AttentionKernelsMatchScalar) {
               }
           }
         }
+  }
+}
+
+TEST(Kernels, SigmoidMatchesStdExp) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> ud(-30.0f, 30.0f), us(0.1f, 4.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x, s;
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 0.5f, -0.5f, 20.0f, -20.0f, 87.0f, -87.0f, 88.5f, -88.5f, 89.0f,
+                  -89.0f, 200.0f, -200.0f, inf, -inf}) {
+    x.push_back(v);
+    s.push_back(1.0f);
+  }
+  for (int i = 0; i < 4000; ++i) {
+    x.push_back(ud(rng));
+    s.push_back(us(rng));
+  }
+  for (const kern::KernelSet* ks : kern::supported()) {
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(17), static_cast<int64_t>(x.size())}) {
+      std::vector<float> got(n + 1, -3.0f), ref(n);
+      ks->sigmoid(x.data(), s.data(), got.data(), n);
+      kern::kScalar.sigmoid(x.data(), s.data(), ref.data(), n);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_NEAR(got[i], ref[i], 1e-6f * ref[i] + 1e-37f) << ks->name << " x=" << x[i] << " s=" << s[i];
+      ASSERT_EQ(got[n], -3.0f) << ks->name << ": wrote past n";
+    }
+    // NaN stays NaN; in place.
+    std::vector<float> v = {std::nanf(""), 1.0f}, one = {1.0f, 1.0f};
+    ks->sigmoid(v.data(), one.data(), v.data(), 2);
+    EXPECT_TRUE(std::isnan(v[0])) << ks->name;
+    EXPECT_NEAR(v[1], 1.0f / (1.0f + std::exp(-1.0f)), 1e-7f) << ks->name;
   }
 }
