@@ -101,7 +101,7 @@ void BM_matmat(benchmark::State& st, const kern::KernelSet* ks, DType t, int64_t
   Fixture& fx = fixture(t);
   const kern::Mat w{t, fx.mats[0].data(), kRows, kCols};
   for (auto _ : st) {
-    for (int64_t r = 0; r < kRows; r += 16) ks->matmat(w, fx.x0.data(), T, kCols, fx.y.data(), kRows, r, r + 16);
+    for (int64_t r = 0; r < kRows; r += 64) ks->matmat(w, fx.x0.data(), T, kCols, fx.y.data(), kRows, r, r + 64);
     benchmark::ClobberMemory();
   }
   st.counters["GFLOP/s"] =
@@ -146,8 +146,8 @@ void BM_matmat_shape(benchmark::State& st, const kern::KernelSet* ks, DType t, i
   ShapeFx& f = shape_fixture(t, rows, cols, T);
   const kern::Mat w{t, f.m.data(), rows, cols};
   for (auto _ : st) {
-    for (int64_t r = 0; r < rows; r += 16)
-      ks->matmat(w, f.x.data(), T, cols, f.y.data(), rows, r, std::min(rows, r + 16));
+    for (int64_t r = 0; r < rows; r += 64)
+      ks->matmat(w, f.x.data(), T, cols, f.y.data(), rows, r, std::min(rows, r + 64));
     benchmark::ClobberMemory();
   }
   st.counters["GOP/s"] =

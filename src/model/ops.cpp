@@ -109,11 +109,12 @@ void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector
   // Batches: each task streams its rows' weights once against all T input
   // rows (the quantized input, 64 rows x cols int8, stays in L2); on quantized
   // weights 4 GEMM panels of 16 rows, since a task's first panel waits on
-  // memory (the GEMM prefetches the rest, within the task).
+  // memory (the GEMM prefetches the rest, within the task); on float weights
+  // 2 (AVX-512) or 4 (AVX2) panels of the float GEMM's (kernels_simd.h).
   bool quantized = false;
   for (const LinearOut& o : outs) quantized |= dtype_is_quantized(o.w->dtype);
   // (float weights below kMatmatFewRows rows: matmat's few-rows path, one stream like matvec's)
-  const int64_t block = (quantized ? rowwise : T < kern::kMatmatFewRows) ? 128 : quantized ? 64 : 16;
+  const int64_t block = (quantized ? rowwise : T < kern::kMatmatFewRows) ? 128 : 64;
   std::vector<int64_t> first_task(outs.size() + 1, 0);
   for (size_t i = 0; i < outs.size(); ++i)
     first_task[i + 1] = first_task[i] + (outs[i].w->rows + block - 1) / block;

@@ -10,6 +10,7 @@ namespace {
 struct Avx2 {
   using reg = __m256;
   static constexpr int W = 8;
+  static constexpr int kGemmNT = 6;  // input rows per tile of the float GEMM (2*NT accumulators)
   static reg zero() { return _mm256_setzero_ps(); }
   static reg set1(float a) { return _mm256_set1_ps(a); }
   static reg load_f32(const float* p) { return _mm256_loadu_ps(p); }
@@ -47,6 +48,24 @@ struct Avx2 {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+  }
+  // r[i] = row i of an 8 x 8 block -> r[k] = column k.
+  static void transpose(reg* r) {
+    reg t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 2; ++g) {  // u[4g + c]: column c (+4 in the high half) of rows 4g..4g+3
+      u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+      r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+      r[c + 4] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
   }
 };
 

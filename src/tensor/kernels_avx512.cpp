@@ -10,6 +10,7 @@ namespace {
 struct Avx512 {
   using reg = __m512;
   static constexpr int W = 16;
+  static constexpr int kGemmNT = 12;  // input rows per tile of the float GEMM (2*NT accumulators)
   static reg zero() { return _mm512_setzero_ps(); }
   static reg set1(float a) { return _mm512_set1_ps(a); }
   static reg load_f32(const float* p) { return _mm512_loadu_ps(p); }
@@ -37,6 +38,28 @@ struct Avx512 {
   static void store_n(float* p, reg v, int64_t n) { _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v); }
   static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
   static float hsum(reg v) { return _mm512_reduce_add_ps(v); }
+  // r[i] = row i of a 16 x 16 block -> r[k] = column k.
+  static void transpose(reg* r) {
+    reg t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 4; ++g) {  // u[4g + c]: column c (+4, +8, +12 in 128-bit lanes 1-3) of rows 4g..4g+3
+      u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const reg a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), b = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+      const reg e = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD), f = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+      r[c] = _mm512_shuffle_f32x4(a, b, 0x88);
+      r[c + 8] = _mm512_shuffle_f32x4(a, b, 0xDD);
+      r[c + 4] = _mm512_shuffle_f32x4(e, f, 0x88);
+      r[c + 12] = _mm512_shuffle_f32x4(e, f, 0xDD);
+    }
+  }
 };
 
 // The 16 halves d of 16 consecutive Q8_0 / Q4_0 blocks at p. A block is 17 / 9

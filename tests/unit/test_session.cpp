@@ -82,7 +82,9 @@ TEST(Session, DecodeEqualsPrefillAndLastEqualsAll) {
   EXPECT_LE(max_diff(last.data(), all.data() + 9 * V, V), 1e-4f);  // f32 matmat vs matvec order
   Session c(tiny(), pool, {});
   auto only_last = c.forward(seq, Logits::Last);
-  EXPECT_LE(max_diff(only_last.data(), all.data() + 9 * V, V), 0.0f);
+  // Only the last row's logits: the head runs one row (matvec) instead of the
+  // GEMM, so the two agree to rounding.
+  EXPECT_LE(max_diff(only_last.data(), all.data() + 9 * V, V), 1e-4f);
   EXPECT_TRUE(c.forward({}, Logits::All).empty());
 }
 
