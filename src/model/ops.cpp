@@ -77,12 +77,18 @@ void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector
   // or decode of 2-3 slots together) go row by row through the matrix-vector
   // kernel, the others through the GEMM (row layouts differ: act rows vs batch).
   const bool rowwise = T <= kRowwiseMax;
-  thread_local kern::AlignedBuf qbuf[2];  // the calling thread's quantized inputs
-  const uint8_t* xq[2] = {nullptr, nullptr};
-  uint64_t xq_stride[2] = {0, 0};
+  // Float weights take the float input, except where the set has a batch form
+  // for them (avx512bf16's BF16: the input rounded to bf16 once here).
+  auto has_form = [&](DType t) {
+    return dtype_is_quantized(t) || (T >= kern::kMatmatFewRows && k.batch_bytes(t, T, cols) > 0);
+  };
+  auto form_of = [](DType t) { return dtype_is_quantized(t) ? act_form(t) : 2; };
+  thread_local kern::AlignedBuf qbuf[3];  // the calling thread's quantized inputs
+  const uint8_t* xq[3] = {nullptr, nullptr, nullptr};
+  uint64_t xq_stride[3] = {0, 0, 0};
   for (const LinearOut& o : outs) {
-    if (!dtype_is_quantized(o.w->dtype)) continue;
-    const int f = act_form(o.w->dtype);
+    if (!has_form(o.w->dtype)) continue;
+    const int f = form_of(o.w->dtype);
     if (xq[f]) continue;
     const DType t = o.w->dtype;
     if (rowwise) {
@@ -140,6 +146,8 @@ void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector
       } else {
         k.matmat_qa(w, xq[f], T, outs[i].y, w.rows, r0, r1);
       }
+    } else if (has_form(w.dtype)) {
+      k.matmat_qa(w, xq[form_of(w.dtype)], T, outs[i].y, w.rows, r0, r1);
     } else {
       k.matmat(w, x, T, w.cols, outs[i].y, w.rows, r0, r1);
     }

@@ -18,19 +18,24 @@ std::vector<const KernelSet*> supported() {
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   if (avx512) v.push_back(&kAvx512);
-  if (avx512 && __builtin_cpu_supports("avx512vnni")) v.push_back(&kAvx512Vnni);
+  if (avx512 && __builtin_cpu_supports("avx512vnni")) {
+    v.push_back(&kAvx512Vnni);
+    if (__builtin_cpu_supports("avx512bf16")) v.push_back(&kAvx512Bf16);
+  }
   return v;
 }
 
 static const KernelSet& choose() {
   auto v = supported();
+  const KernelSet* best = v.front();  // the last that computes on float inputs
+  for (const KernelSet* k : v)
+    if (!k->bf16_batch_input) best = k;
   if (const char* want = std::getenv("DORY_ISA")) {
     for (const KernelSet* k : v)
       if (std::strcmp(k->name, want) == 0) return *k;
-    std::fprintf(stderr, "warning: DORY_ISA=%s is not supported on this CPU; using %s\n", want,
-                 v.back()->name);
+    std::fprintf(stderr, "warning: DORY_ISA=%s is not supported on this CPU; using %s\n", want, best->name);
   }
-  return *v.back();
+  return *best;
 }
 
 const KernelSet& active() {

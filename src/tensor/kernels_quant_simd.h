@@ -1092,7 +1092,10 @@ inline void quantize_act_row(DType t, const float* x, int64_t n, uint8_t* out) {
   quantize_act(act_kind(t), x, n, out);
 }
 
-inline uint64_t batch_bytes(DType t, int64_t T, int64_t n) { return BatchLayout(act_kind(t), n).bytes(T); }
+// Float weights: 0, their batches take the float input (matmat).
+inline uint64_t batch_bytes(DType t, int64_t T, int64_t n) {
+  return t >= DType::Q8_0 ? BatchLayout(act_kind(t), n).bytes(T) : 0;
+}
 
 inline void quantize_batch(DType t, const float* x, int64_t ldx, int64_t n, int64_t t0, int64_t t1, uint8_t* out) {
   quantize_batch_rows(act_kind(t), x, ldx, n, t0, t1, out);
@@ -1146,7 +1149,8 @@ constexpr KernelSet make_qset(const char* name) {
                    qk::matmat_qa<D>,
                    attn_scores_t<V>,
                    attn_values_t<V>,
-                   sigmoid_t<V>};
+                   sigmoid_t<V>,
+                   false};
 }
 
 }  // namespace

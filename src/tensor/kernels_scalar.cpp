@@ -165,8 +165,8 @@ void matvec_qa(const Mat& w, const uint8_t* xq, float* y, int64_t r0, int64_t r1
   for (int64_t r = r0; r < r1; ++r) y[r - r0] = qdot(w, r, xq);
 }
 
-// The scalar batch form: T rows of the row form.
-uint64_t batch_bytes(DType t, int64_t T, int64_t n) { return T * act_row_bytes(t, n); }
+// The scalar batch form: T rows of the row form (float weights: none, matmat).
+uint64_t batch_bytes(DType t, int64_t T, int64_t n) { return dtype_is_quantized(t) ? T * act_row_bytes(t, n) : 0; }
 
 void quantize_batch(DType t, const float* x, int64_t ldx, int64_t n, int64_t t0, int64_t t1, uint8_t* out) {
   const uint64_t st = act_row_bytes(t, n);
@@ -238,7 +238,8 @@ void sigmoid(const float* x, const float* s, float* out, int64_t n) {
 
 const KernelSet kScalar{"scalar", matvec, matmat, dot, axpy, dequantize_row,
                         act_row_bytes, quantize_act, matvec_qa,
-                        batch_bytes, quantize_batch, matmat_qa, attn_scores, attn_values, sigmoid};
+                        batch_bytes, quantize_batch, matmat_qa, attn_scores, attn_values, sigmoid,
+                        false};
 
 }  // namespace kern
 }  // namespace dory
