@@ -11,9 +11,9 @@
 // "tasks": the product split into 32-row calls as ops.cpp's linear_multi does
 // for one token (the input quantization is shared through the per-thread memo).
 // "newx": a different input every call (the quantization is paid every time).
-// "mm/RxC/Tn": prefill on the MLP shapes through matmat (float input, 16-row
-// calls); "gemm/...": the same through quantize_act + matmat_qa, as
-// linear_multi does. GOP/s = 2 * rows * cols * T per second.
+// "mm/RxC/Tn": prefill on the MLP shapes through matmat (float input, 64-row
+// calls; on avx512bf16 a BF16 matrix pays the input's rounding every call);
+// "gemm/...": the same through quantize_act + matmat_qa, as linear_multi does. GOP/s = 2 * rows * cols * T per second.
 #include <benchmark/benchmark.h>
 
 #include <immintrin.h>
@@ -95,7 +95,7 @@ void BM_matvec(benchmark::State& st, const kern::KernelSet* ks, DType t, Mode mo
   st.counters["GB/s"] = benchmark::Counter(double(bytes) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
-// Prompt processing: T rows at once (the chunk; default 64), in 16-row calls as
+// Prompt processing: T rows at once (the chunk; default 64), in 64-row calls as
 // linear_multi does.
 void BM_matmat(benchmark::State& st, const kern::KernelSet* ks, DType t, int64_t T) {
   Fixture& fx = fixture(t);
@@ -110,8 +110,8 @@ void BM_matmat(benchmark::State& st, const kern::KernelSet* ks, DType t, int64_t
 }
 
 // Prefill on the 4B model's MLP shapes (gate/up 7168 x 2560, down 2560 x 7168),
-// through the float-input entry point in 16-row calls (what linear_multi did
-// before the pre-quantized entry point). GOP/s counts 2 ops per multiply-add.
+// through the float-input entry point in 64-row calls (for quantized weights what
+// linear_multi did before the pre-quantized entry point). GOP/s counts 2 ops per multiply-add.
 struct ShapeFx {
   std::vector<uint8_t> m;
   std::vector<float> x, y;
