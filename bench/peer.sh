@@ -111,8 +111,10 @@ if [ "$SKIP_LLAMA" = 0 ]; then
   fi
 fi
 # the timing driver: a fresh context, pp = one evaluation of PP random ids (batch 512, no
-# sampling), tg = TG single-token decodes each sampled greedily (logits computed, so the
-# output matrix is read every token, as in llama-bench); a short warm-up first
+# sampling), then on an empty sequence tg = TG single-token decodes each sampled greedily
+# (logits computed, so the output matrix is read every token), as llama-bench's pp and tg
+# and dory bench's (tg at depth 0; until 2026-12-05 this driver ran tg after the prompt,
+# against dory's at depth 0); a short warm-up first
 [ "$NODE_OK" = 1 ] && cat > "$NPM_DIR/peer_bench.mjs" <<'EOF' || true
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 const [modelPath, P, N, R, T, M] = [process.argv[2], +process.argv[3], +process.argv[4], +process.argv[5], +process.argv[6], process.argv[7] === "1"];
@@ -129,11 +131,14 @@ const ctx = await model.createContext({contextSize: Math.max(1024, P + N + 16), 
   threads: {ideal: T, min: T}, sequences: 1, flashAttention: false});
 console.error(`context: size ${ctx.contextSize}, batch ${ctx.batchSize}, threads ${ctx.idealThreads}, flash attention ${ctx.flashAttention}`);
 async function run(p, n) {
-  const seq = ctx.getSequence();
+  let seq = ctx.getSequence();
   const toks = Array.from({length: p}, rnd);
   let a = performance.now();
   await seq.evaluateWithoutGeneratingNewTokens(toks);
   const pp = (performance.now() - a) / 1000;
+  seq.dispose();
+  // tg on an empty sequence, as llama-bench's tg and dory bench's (without -d) run
+  seq = ctx.getSequence();
   let got = 0;
   a = performance.now();
   for await (const tok of seq.evaluate([rnd()], {temperature: 0, yieldEogToken: true})) {
