@@ -607,22 +607,14 @@ struct DpVnni {
 // ---------------------------------------------------------------------------
 // avx512bf16 (kernels.h): BF16 weights in a batch by vdpbf16ps, whose dword
 // lanes hold a pair of bf16 and which adds both products of a pair into a
-// float lane. The float GEMM's scheme (kernels_simd.h) on pairs: a panel of 32
-// rows x kKc columns is transposed (no conversion: the file's bf16 pairs are
-// dwords) so that P.w[j] holds pair j of every row, and the input, rounded to
-// bf16 once per product (its batch form: per row ceil(n/2) dwords of pairs,
-// padded to 16), is one broadcast dword per pair. One instruction then does 32
-// multiply-adds where FMA does 16. Compiled for AVX512_BF16 by attribute,
-// reached only through kAvx512Bf16 after the runtime check.
+// float lane. The float GEMM's scheme (panel_gemm, kernels_simd.h) on pairs: a
+// panel of 32 rows x kKc columns is transposed (no conversion: the file's bf16
+// pairs are dwords) so that P.w[j] holds pair j of every row, and the input,
+// rounded to bf16 once per product (its batch form: per row ceil(n/2) dwords of
+// pairs, padded to 16), is one broadcast dword per pair. One instruction then
+// does 32 multiply-adds where FMA does 16. The instructions are compiled by
+// attribute and reached only through kAvx512Bf16, after the runtime check.
 namespace bf {
-
-constexpr int kL = 32;     // panel rows: two vectors of 16 lanes
-constexpr int kKc = 512;   // columns per chunk: 256 pairs x 32 dwords, 32 KiB
-constexpr int kNT = 12;    // input rows per tile: 24 accumulators
-
-struct alignas(64) Panel {
-  uint32_t w[kKc / 2][kL];
-};
 
 inline int64_t stride(int64_t n) { return ((n + 1) / 2 + 15) / 16 * 16; }  // dwords a row
 
@@ -639,84 +631,65 @@ __attribute__((target("avx512bf16"))) void to_pairs(const float* x, int64_t n, u
   }
 }
 
-// Rows [p, p + nr) x columns [c0, c0 + kc) of w (c0 even) into P; lanes past
-// nr and the column past an odd n are zero.
-inline void pack(const Mat& w, int64_t p, int nr, int64_t c0, int kc, Panel& P) {
-  const auto* base = static_cast<const uint16_t*>(w.data);
-  int k = 0;
-  for (; k + 32 <= kc; k += 32)
-    for (int h = 0; h < kL; h += 16) {
-      __m512 r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = h + i < nr ? _mm512_loadu_ps(reinterpret_cast<const float*>(base + (p + h + i) * w.cols + c0 + k))
-                          : _mm512_setzero_ps();
-      Avx512::transpose(r);
-      for (int j = 0; j < 16; ++j) _mm512_store_ps(reinterpret_cast<float*>(P.w[k / 2 + j] + h), r[j]);
-    }
-  for (; k < kc; k += 2)
-    for (int i = 0; i < kL; ++i) {
-      uint32_t v = 0;
-      if (i < nr) {
-        const uint16_t* row = base + (p + i) * w.cols + c0;
-        v = row[k];
-        if (k + 1 < kc) v |= static_cast<uint32_t>(row[k + 1]) << 16;
+struct Gemm {
+  using In = uint32_t;                                     // the input's bf16 pairs
+  static constexpr int L = 32, kKc = 512, kNT = 12;        // a panel: 256 pairs x 32 dwords, 32 KiB
+  struct alignas(64) Panel {
+    uint32_t w[kKc / 2][L];
+  };
+  static int64_t at(int64_t c) { return c / 2; }  // chunks start at even columns
+
+  // Rows [p, p + nr) x columns [c0, c0 + kc) of w into P; lanes past nr and the
+  // column past an odd n are zero.
+  static void pack(const Mat& w, int64_t p, int nr, int64_t c0, int kc, Panel& P) {
+    const auto* base = static_cast<const uint16_t*>(w.data);
+    int k = 0;
+    for (; k + 32 <= kc; k += 32)
+      for (int h = 0; h < L; h += 16) {
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i)
+          r[i] = h + i < nr ? _mm512_loadu_ps(reinterpret_cast<const float*>(base + (p + h + i) * w.cols + c0 + k))
+                            : _mm512_setzero_ps();
+        Avx512::transpose(r);
+        for (int j = 0; j < 16; ++j) _mm512_store_ps(reinterpret_cast<float*>(P.w[k / 2 + j] + h), r[j]);
       }
-      P.w[k / 2][i] = v;
-    }
-}
-
-// NT input rows (row t's pairs of this chunk at x + t*ldx) against np pairs of
-// the panel; acc[t] (32 floats) holds the sums of the chunks before (unless first).
-template <int NT>
-__attribute__((target("avx512bf16"))) inline void tile(const Panel& P, int np, const uint32_t* x, int64_t ldx,
-                                                      float* acc, bool first) {
-  __m512 a0[NT], a1[NT];
-  for (int t = 0; t < NT; ++t) {
-    a0[t] = first ? _mm512_setzero_ps() : _mm512_load_ps(acc + t * kL);
-    a1[t] = first ? _mm512_setzero_ps() : _mm512_load_ps(acc + t * kL + 16);
+    for (; k < kc; k += 2)
+      for (int i = 0; i < L; ++i) {
+        uint32_t v = 0;
+        if (i < nr) {
+          const uint16_t* row = base + (p + i) * w.cols + c0;
+          v = row[k];
+          if (k + 1 < kc) v |= static_cast<uint32_t>(row[k + 1]) << 16;
+        }
+        P.w[k / 2][i] = v;
+      }
   }
-  for (int j = 0; j < np; ++j) {
-    const __m512bh w0 = (__m512bh)_mm512_load_si512(P.w[j]), w1 = (__m512bh)_mm512_load_si512(P.w[j] + 16);
+
+  // NT input rows (row t's pairs of this chunk at x + t*ldx) against the chunk's
+  // (kc + 1) / 2 pairs; acc[t] (32 floats) holds the sums of the chunks before
+  // (unless first).
+  template <int NT>
+  __attribute__((target("avx512bf16"))) static void tile(const Panel& P, int kc, const uint32_t* x, int64_t ldx,
+                                                        float* acc, bool first) {
+    __m512 a0[NT], a1[NT];
     for (int t = 0; t < NT; ++t) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[t * ldx + j]));
-      a0[t] = _mm512_dpbf16_ps(a0[t], w0, xb);
-      a1[t] = _mm512_dpbf16_ps(a1[t], w1, xb);
+      a0[t] = first ? _mm512_setzero_ps() : _mm512_load_ps(acc + t * L);
+      a1[t] = first ? _mm512_setzero_ps() : _mm512_load_ps(acc + t * L + 16);
+    }
+    for (int j = 0; j < (kc + 1) / 2; ++j) {
+      const __m512bh w0 = (__m512bh)_mm512_load_si512(P.w[j]), w1 = (__m512bh)_mm512_load_si512(P.w[j] + 16);
+      for (int t = 0; t < NT; ++t) {
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[t * ldx + j]));
+        a0[t] = _mm512_dpbf16_ps(a0[t], w0, xb);
+        a1[t] = _mm512_dpbf16_ps(a1[t], w1, xb);
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      _mm512_store_ps(acc + t * L, a0[t]);
+      _mm512_store_ps(acc + t * L + 16, a1[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    _mm512_store_ps(acc + t * kL, a0[t]);
-    _mm512_store_ps(acc + t * kL + 16, a1[t]);
-  }
-}
-
-// T input rows in the batch form at xb against rows [r0, r1) of w (BF16).
-__attribute__((target("avx512bf16"))) void gemm(const Mat& w, const uint8_t* xb, int64_t T, float* y, int64_t ldy,
-                                               int64_t r0, int64_t r1) {
-  const int64_t n = w.cols, ld = stride(n);
-  const auto* x = reinterpret_cast<const uint32_t*>(xb);
-  Panel P;
-  thread_local AlignedBuf accbuf;  // the panel's sums, T x 32 floats
-  float* acc = reinterpret_cast<float*>(accbuf.get(static_cast<uint64_t>(T) * kL * 4));
-  for (int64_t p = r0; p < r1; p += kL) {
-    const int nr = static_cast<int>(r1 - p < kL ? r1 - p : kL);
-    for (int64_t c0 = 0; c0 < n; c0 += kKc) {
-      const int kc = static_cast<int>(n - c0 < kKc ? n - c0 : kKc), np = (kc + 1) / 2;
-      pack(w, p, nr, c0, kc, P);
-      const bool first = c0 == 0;
-      const uint32_t* xc = x + c0 / 2;
-      int64_t t = 0;
-      for (; t + kNT <= T; t += kNT) tile<kNT>(P, np, xc + t * ld, ld, acc + t * kL, first);
-      for (; t + 4 <= T; t += 4) tile<4>(P, np, xc + t * ld, ld, acc + t * kL, first);
-      for (; t < T; ++t) tile<1>(P, np, xc + t * ld, ld, acc + t * kL, first);
-    }
-    for (int64_t t = 0; t < T; ++t) {
-      const __mmask16 m0 = static_cast<__mmask16>(nr >= 16 ? 0xFFFF : (1u << nr) - 1);
-      const __mmask16 m1 = static_cast<__mmask16>(nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (1u << (nr - 16)) - 1);
-      _mm512_mask_storeu_ps(y + t * ldy + p, m0, _mm512_load_ps(acc + t * kL));
-      _mm512_mask_storeu_ps(y + t * ldy + p + 16, m1, _mm512_load_ps(acc + t * kL + 16));
-    }
-  }
-}
+};
 
 uint64_t batch_bytes(DType t, int64_t T, int64_t n) {
   return t == DType::BF16 ? static_cast<uint64_t>(T * stride(n) * 4) : qk::batch_bytes(t, T, n);
@@ -729,7 +702,8 @@ void quantize_batch(DType t, const float* x, int64_t ldx, int64_t n, int64_t t0,
 
 void matmat_qa(const Mat& w, const uint8_t* xb, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if (w.dtype != DType::BF16) return qk::matmat_qa<DpVnni>(w, xb, T, y, ldy, r0, r1);
-  if (r1 > r0 && T > 0) gemm(w, xb, T, y, ldy, r0, r1);
+  if (r1 > r0 && T > 0)
+    panel_gemm<Avx512, Gemm>(w, reinterpret_cast<const uint32_t*>(xb), stride(w.cols), T, y, ldy, r0, r1);
 }
 
 // The float-input entry: BF16 batches through a per-call bf16 copy of the input

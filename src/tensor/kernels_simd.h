@@ -177,102 +177,111 @@ void matmat_few_t(const Mat& w, const float* x, int64_t T, int64_t ldx, float* y
   });
 }
 
-// Batched product (T >= kMatmatFewRows): a register-tiled GEMM whose
-// accumulator lanes are weight rows, as the integer one's (kernels_quant_simd.h):
-// a panel of L = 2W rows x kFKc columns is converted to float and transposed
-// once into P (P.w[k] = column k of the panel's rows), then every tile of NT
-// input rows runs over it: per column two panel vectors and NT broadcast
-// inputs, 2*NT FMAs and no horizontal sums. The panel's sums for all T inputs
-// live in a per-thread buffer across the chunks (y's rows are ldy apart), and y
-// is written once per panel. Each (row, input) sum is one FMA chain over the
-// columns in order, whatever the lane, the tile or the split of rows.
-// Below kMatmatFewRows rows, matmat_few_t.
-constexpr int kFKc = 256;  // columns per packed chunk: 256 x 2W floats (32 KiB at W = 16)
-
-template <class V>
-struct FPanel {
-  static constexpr int L = 2 * V::W;
-  alignas(64) float w[kFKc][L];
-};
-
-// Rows [p, p + nr) x columns [c0, c0 + kc) of w into P, transposed W x W at
-// a time in registers; lanes past nr are zero.
-template <class V>
-inline void fpack(const Mat& w, int64_t p, int nr, int64_t c0, int kc, FPanel<V>& P) {
-  constexpr int W = V::W, L = FPanel<V>::L;
-  const int es = w.dtype == DType::F32 ? 4 : 2;
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  const uint8_t* rows[L];
-  for (int i = 0; i < L; ++i) rows[i] = i < nr ? base + ((p + i) * w.cols + c0) * es : nullptr;
-  int k = 0;
-  for (; k + W <= kc; k += W)
-    for (int h = 0; h < L; h += W) {
-      typename V::reg r[W];
-      for (int i = 0; i < W; ++i) r[i] = rows[h + i] ? load_w<V>(w.dtype, rows[h + i] + k * es) : V::zero();
-      V::transpose(r);
-      for (int j = 0; j < W; ++j) V::store(P.w[k + j] + h, r[j]);
-    }
-  for (; k < kc; ++k)
-    for (int i = 0; i < L; ++i) P.w[k][i] = rows[i] ? scalar_w(w.dtype, rows[i], k) : 0.0f;
-}
-
-// NT input rows (row t at x + t*ldx, from the chunk's first column) against
-// the packed chunk; acc[t] (L floats) holds the sums of the chunks before
-// (unless first).
-template <class V, int NT>
-inline void ftile(const FPanel<V>& P, int kc, const float* x, int64_t ldx, float* acc, bool first) {
-  constexpr int W = V::W, L = FPanel<V>::L;
-  using R = typename V::reg;
-  R a0[NT], a1[NT];
-  for (int t = 0; t < NT; ++t) {
-    a0[t] = first ? V::zero() : V::load_f32(acc + t * L);
-    a1[t] = first ? V::zero() : V::load_f32(acc + t * L + W);
-  }
-  for (int k = 0; k < kc; ++k) {
-    const R w0 = V::load_f32(P.w[k]), w1 = V::load_f32(P.w[k] + W);
-    for (int t = 0; t < NT; ++t) {
-      const R xb = V::set1(x[t * ldx + k]);
-      a0[t] = V::fma(w0, xb, a0[t]);
-      a1[t] = V::fma(w1, xb, a1[t]);
-    }
-  }
-  for (int t = 0; t < NT; ++t) {
-    V::store(acc + t * L, a0[t]);
-    V::store(acc + t * L + W, a1[t]);
-  }
-}
-
-template <class V>
-void matmat_t(const Mat& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
-              int64_t r0, int64_t r1) {
-  if (T < kMatmatFewRows) return matmat_few_t<V>(w, x, T, ldx, y, ldy, r0, r1);
-  constexpr int W = V::W, L = FPanel<V>::L, NT = V::kGemmNT;
-  FPanel<V> P;
+// The driver of the panel GEMMs (the float one below, avx512bf16's in
+// kernels_avx512.cpp): the accumulator lanes are weight rows, as in the integer
+// GEMM (kernels_quant_simd.h). Rows [r0, r1) go in panels of K::L = 2W rows;
+// each chunk of K::kKc columns is packed once (K::pack: transposed, P.w[j] =
+// column or column pair j of the panel's rows) and every tile of input rows runs
+// over it (K::tile, K::kNT rows, then 4, then 1: per packed column two panel
+// vectors, one broadcast input per row, no horizontal sums). The panel's sums
+// for all T inputs live in a per-thread buffer across the chunks (y's rows are
+// ldy apart), and y is written once per panel. Each (row, input) sum is one
+// chain over the columns in order, whatever the lane, the tile or the split of
+// rows. x: the inputs in K's form, row t at x + t*ldx, column c at K::at(c).
+template <class V, class K>
+void panel_gemm(const Mat& w, const typename K::In* x, int64_t ldx, int64_t T, float* y, int64_t ldy, int64_t r0,
+                int64_t r1) {
+  constexpr int W = V::W, L = K::L, NT = K::kNT;
+  static_assert(L == 2 * W, "a panel is two vectors of lanes");
+  typename K::Panel P;
   thread_local AlignedBuf accbuf;  // the panel's sums, T x L floats
   float* acc = reinterpret_cast<float*>(accbuf.get(static_cast<uint64_t>(T) * L * 4));
   const int64_t n = w.cols;
   for (int64_t p = r0; p < r1; p += L) {
     const int nr = static_cast<int>(r1 - p < L ? r1 - p : L);
-    for (int64_t c0 = 0; c0 < n; c0 += kFKc) {
-      const int kc = static_cast<int>(n - c0 < kFKc ? n - c0 : kFKc);
-      fpack<V>(w, p, nr, c0, kc, P);
+    for (int64_t c0 = 0; c0 < n; c0 += K::kKc) {
+      const int kc = static_cast<int>(n - c0 < K::kKc ? n - c0 : K::kKc);
+      K::pack(w, p, nr, c0, kc, P);
       const bool first = c0 == 0;
+      const typename K::In* xc = x + K::at(c0);
       int64_t t = 0;
-      for (; t + NT <= T; t += NT) ftile<V, NT>(P, kc, x + t * ldx + c0, ldx, acc + t * L, first);
-      for (; t + 4 <= T; t += 4) ftile<V, 4>(P, kc, x + t * ldx + c0, ldx, acc + t * L, first);
-      for (; t < T; ++t) ftile<V, 1>(P, kc, x + t * ldx + c0, ldx, acc + t * L, first);
+      for (; t + NT <= T; t += NT) K::template tile<NT>(P, kc, xc + t * ldx, ldx, acc + t * L, first);
+      for (; t + 4 <= T; t += 4) K::template tile<4>(P, kc, xc + t * ldx, ldx, acc + t * L, first);
+      for (; t < T; ++t) K::template tile<1>(P, kc, xc + t * ldx, ldx, acc + t * L, first);
     }
-    for (int64_t t = 0; t < T; ++t) {
-      float* yt = y + t * ldy + p;
-      const float* at = acc + t * L;
-      if (nr == L) {
-        V::store(yt, V::load_f32(at));
-        V::store(yt + W, V::load_f32(at + W));
-      } else {
-        for (int i = 0; i < nr; ++i) yt[i] = at[i];
+    for (int64_t t = 0; t < T; ++t)
+      for (int h = 0; h < L; h += W) {
+        const int m = nr - h < W ? nr - h : W;  // lanes of this half that are rows
+        if (m == W) V::store(y + t * ldy + p + h, V::load_f32(acc + t * L + h));
+        else if (m > 0) V::store_n(y + t * ldy + p + h, V::load_f32(acc + t * L + h), m);
+      }
+  }
+}
+
+// Batched product on float weights (T >= kMatmatFewRows): panel_gemm over
+// chunks of 256 columns converted to float and transposed W x W in registers,
+// tiles of V::kGemmNT input rows (2*NT FMA accumulators). Below
+// kMatmatFewRows rows, matmat_few_t.
+template <class V>
+struct FloatGemm {
+  using In = float;
+  static constexpr int L = 2 * V::W, kKc = 256, kNT = V::kGemmNT;  // a panel: 32 KiB at W = 16
+  struct Panel {
+    alignas(64) float w[kKc][L];
+  };
+  static int64_t at(int64_t c) { return c; }
+
+  // Rows [p, p + nr) x columns [c0, c0 + kc) of w into P; lanes past nr are zero.
+  static void pack(const Mat& w, int64_t p, int nr, int64_t c0, int kc, Panel& P) {
+    constexpr int W = V::W;
+    const int es = w.dtype == DType::F32 ? 4 : 2;
+    const auto* base = static_cast<const uint8_t*>(w.data);
+    const uint8_t* rows[L];
+    for (int i = 0; i < L; ++i) rows[i] = i < nr ? base + ((p + i) * w.cols + c0) * es : nullptr;
+    int k = 0;
+    for (; k + W <= kc; k += W)
+      for (int h = 0; h < L; h += W) {
+        typename V::reg r[W];
+        for (int i = 0; i < W; ++i) r[i] = rows[h + i] ? load_w<V>(w.dtype, rows[h + i] + k * es) : V::zero();
+        V::transpose(r);
+        for (int j = 0; j < W; ++j) V::store(P.w[k + j] + h, r[j]);
+      }
+    for (; k < kc; ++k)
+      for (int i = 0; i < L; ++i) P.w[k][i] = rows[i] ? scalar_w(w.dtype, rows[i], k) : 0.0f;
+  }
+
+  // NT input rows (row t at x + t*ldx, from the chunk's first column) against
+  // the packed chunk; acc[t] (L floats) holds the sums of the chunks before
+  // (unless first).
+  template <int NT>
+  static void tile(const Panel& P, int kc, const float* x, int64_t ldx, float* acc, bool first) {
+    constexpr int W = V::W;
+    using R = typename V::reg;
+    R a0[NT], a1[NT];
+    for (int t = 0; t < NT; ++t) {
+      a0[t] = first ? V::zero() : V::load_f32(acc + t * L);
+      a1[t] = first ? V::zero() : V::load_f32(acc + t * L + W);
+    }
+    for (int k = 0; k < kc; ++k) {
+      const R w0 = V::load_f32(P.w[k]), w1 = V::load_f32(P.w[k] + W);
+      for (int t = 0; t < NT; ++t) {
+        const R xb = V::set1(x[t * ldx + k]);
+        a0[t] = V::fma(w0, xb, a0[t]);
+        a1[t] = V::fma(w1, xb, a1[t]);
       }
     }
+    for (int t = 0; t < NT; ++t) {
+      V::store(acc + t * L, a0[t]);
+      V::store(acc + t * L + W, a1[t]);
+    }
   }
+};
+
+template <class V>
+void matmat_t(const Mat& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
+              int64_t r0, int64_t r1) {
+  if (T < kMatmatFewRows) return matmat_few_t<V>(w, x, T, ldx, y, ldy, r0, r1);
+  panel_gemm<V, FloatGemm<V>>(w, x, ldx, T, y, ldy, r0, r1);
 }
 
 template <class V>
