@@ -47,10 +47,10 @@ int main(int argc, char** argv) {
   // anew, so with the defaults each growth took fresh pages from the kernel, and
   // a page fault costs microseconds on a VM (56 caches growing over 64 tokens:
   // 0.12 s of a stand-alone loop, 0.02 s with the heap reused). 4B-shaped
-  // Q4_K_M, `bench -p 512 -n 128 -r 1`, alternating runs: pp512 60.87 / 60.41 ->
-  // 69.16 / 68.93 t/s, tg128 12.87 / 12.91 -> 13.59 / 13.61; peak RSS 1.012 ->
-  // 1.020 x (file + KV cache). The price: memory freed stays with the process
-  // (the next session reuses it).
+  // Q4_K_M, `bench -p 512 -n 128 -r 1`, seven alternating pairs of runs: pp512
+  // -5% to +14% (+8% on average), tg128 -7% to +6% (+1%, within the machine's
+  // noise); peak RSS 1.012 -> 1.020 x (file + KV cache). The price: memory
+  // freed stays with the process (the next session reuses it).
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   CLI::App app{"dory.cpp: inference for NVIDIA Nemotron Labs Dory (looped nGPT)", "dory"};
