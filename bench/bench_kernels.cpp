@@ -13,7 +13,8 @@
 // "newx": a different input every call (the quantization is paid every time).
 // "mm/RxC/Tn": prefill on the MLP shapes through matmat (float input, 64-row
 // calls; on avx512bf16 a BF16 matrix pays the input's rounding every call);
-// "gemm/...": the same through quantize_act + matmat_qa, as linear_multi does. GOP/s = 2 * rows * cols * T per second.
+// "gemm/...": the same through quantize_act + matmat_qa, as linear_multi does.
+// GOP/s = 2 * rows * cols * T per second.
 #include <benchmark/benchmark.h>
 
 #include <immintrin.h>
