@@ -18,8 +18,9 @@
 //   A32:  qs[n] | d[n/32] floats | ns4[n/4] int32: -(sum of each 4 consecutive q)
 //   Q8K:  qs[n] | d[n/256] floats | bsums[n/16] int16 | bsum32[n/32] int16
 // ns4 turns an unsigned-weight product into a signed one inside the dot
-// instruction's accumulator: (q - 8).a = q.a + 8*ns4 for Q4_0, and with VNNI
-// (w + 128).a + 128*ns4 = w.a for Q8_0. Batches of rows for the tiled GEMM
+// instruction's accumulator: (q - 8).a = q.a + 8*ns4 for Q4_0. (Q8_0 with VNNI,
+// (w + 128).a - 128.a = w.a, takes its 128.a from a second dot product instead:
+// see block_q8_0.) Batches of rows for the tiled GEMM
 // use another arrangement of the same values (BatchLayout below).
 #pragma once
 #include <immintrin.h>
