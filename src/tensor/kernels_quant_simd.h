@@ -277,9 +277,9 @@ inline __m256i block_q8_0(const uint8_t* p, __m256i av, __m256i ns4) {
     const __m256i x80 = _mm256_set1_epi8(static_cast<char>(0x80));
     return _mm256_sub_epi32(D::dpbusd(_mm256_setzero_si256(), _mm256_xor_si256(w, x80), av),
                             D::dpbusd(_mm256_setzero_si256(), x80, av));
-  }
-  else
+  } else {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(av, w)), _mm256_set1_epi16(1));
+  }
 }
 
 template <class D>
