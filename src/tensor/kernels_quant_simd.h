@@ -45,13 +45,15 @@ inline uint64_t round64(uint64_t b) { return (b + 63) / 64 * 64; }
 // its input bytes in the order the 512-bit Q4_0 / Q4_K / Q5_K row kernels
 // (kernels_avx512.cpp) meet them with low and high nibbles of 64 code bytes:
 //   A32 nib: per whole group of 4 blocks, the first 16 inputs of each block,
-//     then the last 16; nibbias: the group's Q4_0 correction per int32 lane
-//     (-8 times the sum of the 4 + 4 inputs that lane meets);
+//     then the last 16; q4c: per block its Q4_0 correction as a float, d times
+//     -8 times the sum of its 32 inputs (the 512-bit rows add it per group of
+//     16 blocks, weighted by the blocks' scales, instead of loading a 64-byte
+//     correction vector for every 4 blocks: see a32_row512);
 //   Q8K nib: per super-block, for each pair of 64-element chunks c, c+1 (c =
 //     0, 2): inputs 64c..+31, 64c+64..+95 (the low nibbles), then 64c+32..+63,
 //     64c+96..+127 (the high ones).
 struct ActLayout {
-  uint64_t d, extra, extra2, nib, nibbias, bytes;
+  uint64_t d, extra, extra2, nib, q4c, bytes;
   // Inlined by force: the row kernels build one per weight row, and GCC left
   // it a call (1.5% of 4B Q4_K_M decode in perf).
   [[gnu::always_inline]] ActLayout(int kind, int64_t n) {
@@ -60,13 +62,13 @@ struct ActLayout {
       extra = round64(d + n / 32 * 4);  // ns4
       extra2 = extra;
       nib = round64(extra + n);          // after n/4 int32
-      nibbias = round64(nib + n / 128 * 128);
-      bytes = round64(nibbias + n / 128 * 64);
+      q4c = round64(nib + n / 128 * 128);
+      bytes = round64(q4c + n / 32 * 4);
     } else {
       extra = round64(d + n / 256 * 4);   // bsums
       extra2 = round64(extra + n / 16 * 2);  // bsum32
       nib = round64(extra2 + n / 32 * 2);
-      nibbias = 0;
+      q4c = 0;
       bytes = round64(nib + n);
     }
   }
@@ -221,7 +223,7 @@ struct BatchDst {
   int16_t* b32(int64_t b) const { return reinterpret_cast<int16_t*>(r(b) + BatchLayout::kKb32) + 8 * tt; }
 };
 
-// The nib (and A32: nibbias) sections of a row (ActLayout) from its qs (and ns4).
+// The nib (and A32: q4c) sections of a row (ActLayout) from its qs (and d, ns4).
 inline void fill_nibble_order(int kind, uint8_t* out, const ActLayout& L, int64_t n) {
   const auto* qs = reinterpret_cast<const int8_t*>(out);
   auto* g = reinterpret_cast<int8_t*>(out + L.nib);
@@ -238,13 +240,18 @@ inline void fill_nibble_order(int kind, uint8_t* out, const ActLayout& L, int64_
     return;
   }
   const auto* ns4 = reinterpret_cast<const int32_t*>(out + L.extra);
-  auto* bias = reinterpret_cast<int32_t*>(out + L.nibbias);
   for (int64_t b = 0; b < n / 128 * 4; ++b) {
-    // block b: group b/4, slot j = b%4 of its 16-byte lanes and 4-lane bias run
+    // block b: group b/4, slot j = b%4 of its 16-byte lanes
     const int64_t G = b / 4, j = b % 4;
     std::memcpy(g + 128 * G + 16 * j, qs + 32 * b, 16);
     std::memcpy(g + 128 * G + 64 + 16 * j, qs + 32 * b + 16, 16);
-    for (int i = 0; i < 4; ++i) bias[16 * G + 4 * j + i] = 8 * (ns4[8 * b + i] + ns4[8 * b + 4 + i]);
+  }
+  const auto* d = reinterpret_cast<const float*>(out + L.d);
+  auto* c = reinterpret_cast<float*>(out + L.q4c);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    int32_t s = 0;  // -(the block's sum of q)
+    for (int i = 0; i < 8; ++i) s += ns4[8 * b + i];
+    c[b] = d[b] * static_cast<float>(8 * s);
   }
 }
 
