@@ -184,7 +184,7 @@ float a32_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
       const uint8_t* p = row + kB * b;
       const __m256i av = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + 32 * b));
       const __m256i s4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ns4 + 8 * b));
-      const __m256i is = Q8 ? qk::block_q8_0<D>(p, av, s4) : qk::block_q4_0<D>(p, av, s4);
+      const __m256i is = Q8 ? qk::block_q8_0<D>(p, av) : qk::block_q4_0<D>(p, av, s4);
       t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(qk::half_to_f32(p) * ad[b]), t);
     }
     tail = qk::hsum8(t);

@@ -276,11 +276,10 @@ inline void quantize_batch_rows(int kind, const float* x, int64_t ldx, int64_t n
 // One block of 32: the i32 lane sums of w . a (Q8_0: w signed; Q4_0: nibbles
 // minus 8 through the -8*sum4 accumulator start).
 template <class D>
-inline __m256i block_q8_0(const uint8_t* p, __m256i av, __m256i ns4) {
+inline __m256i block_q8_0(const uint8_t* p, __m256i av) {
   const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
   if constexpr (D::kVnni) {
     // (w + 128).a - 128.a; as the 512-bit rows (kernels_avx512.cpp), without ns4.
-    (void)ns4;
     const __m256i x80 = _mm256_set1_epi8(static_cast<char>(0x80));
     return _mm256_sub_epi32(D::dpbusd(_mm256_setzero_si256(), _mm256_xor_si256(w, x80), av),
                             D::dpbusd(_mm256_setzero_si256(), x80, av));
@@ -321,15 +320,15 @@ inline float dot_a32_row(const uint8_t* row, const uint8_t* act, int64_t n) {
     const uint8_t* p1 = p0 + kBytes;
     const __m256i av0 = _mm256_load_si256(aq + b), av1 = _mm256_load_si256(aq + b + 1);
     const __m256i s0 = _mm256_loadu_si256(ns4 + b), s1 = _mm256_loadu_si256(ns4 + b + 1);
-    const __m256i i0 = Q8 ? block_q8_0<D>(p0, av0, s0) : block_q4_0<D>(p0, av0, s0);
-    const __m256i i1 = Q8 ? block_q8_0<D>(p1, av1, s1) : block_q4_0<D>(p1, av1, s1);
+    const __m256i i0 = Q8 ? block_q8_0<D>(p0, av0) : block_q4_0<D>(p0, av0, s0);
+    const __m256i i1 = Q8 ? block_q8_0<D>(p1, av1) : block_q4_0<D>(p1, av1, s1);
     acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(half_to_f32(p0) * ad[b]), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_set1_ps(half_to_f32(p1) * ad[b + 1]), acc1);
   }
   if (b < nb) {
     const uint8_t* p = row + kBytes * b;
     const __m256i av = _mm256_load_si256(aq + b), s4 = _mm256_loadu_si256(ns4 + b);
-    const __m256i is = Q8 ? block_q8_0<D>(p, av, s4) : block_q4_0<D>(p, av, s4);
+    const __m256i is = Q8 ? block_q8_0<D>(p, av) : block_q4_0<D>(p, av, s4);
     acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(half_to_f32(p) * ad[b]), acc0);
   }
   return hsum8(_mm256_add_ps(acc0, acc1));
