@@ -120,6 +120,7 @@ float a32_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   int64_t b = 0;
   for (; b + 16 <= nb; b += 16) {
     const uint8_t* p = row + kB * b;
+    stream_ahead<16 * kB>(p);
     const __m512 dw = _mm512_cvtph_ps(block_halves16<Q8>(p));
     const __m512 s16 = _mm512_mul_ps(dw, _mm512_loadu_ps(ad + b));
     if constexpr (!Q8) accc = _mm512_fmadd_ps(dw, _mm512_loadu_ps(q4c + b), accc);
@@ -247,6 +248,7 @@ float k45_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   __m128 accm = _mm_setzero_ps();
   for (int64_t sb = 0; sb < n / 256; ++sb) {
     const uint8_t* p = row + kBytes * sb;
+    stream_ahead<kBytes>(p);
     const int8_t* a = reinterpret_cast<const int8_t*>(act) + 256 * sb;
     const K45Scales ks(p, b32 + 8 * sb);
     const __m512i sc16 = ks.sc16;
@@ -389,12 +391,14 @@ float k45_row512_vnni(const uint8_t* row, const uint8_t* act, int64_t n) {
     const __m512 dm = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), H.dd);
     accm4 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ms), dm, accm4);
     for (int k = 0; k < 4; ++k) {
+      stream_ahead<kBytes>(p + kBytes * k);
       const __m512i is = sums(p + kBytes * k, sb + k, H.W[k / 2], 16 * (k % 2));
       acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_permutexvar_ps(_mm512_set1_epi32(2 * k), H.dd), acc);
     }
   }
   for (; sb < nsb; ++sb) {
     const uint8_t* p = row + kBytes * sb;
+    stream_ahead<kBytes>(p);
     const K45Scales ks(p, b32 + 8 * sb);
     ks.add(p, ad[sb], sums(p, sb, ks.sc16, 0), acc, accm);
   }
@@ -419,6 +423,7 @@ inline float q6k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < n / 256; ++sb) {
     const uint8_t* p = row + 210 * sb;
+    stream_ahead<210>(p);
     const int8_t* a = reinterpret_cast<const int8_t*>(act) + 256 * sb;
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)));
     const __m512i sc16 = _mm512_castsi256_si512(s16);

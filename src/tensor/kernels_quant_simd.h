@@ -604,9 +604,10 @@ inline uint64_t qrow_bytes(DType t, int64_t cols) {
   }
 }
 
-// Rows one at a time, one stream per task: its first kPrefetchAhead bytes are
-// asked for at once, the rest is left to the hardware prefetcher. Asking for
-// every row kPrefetchAhead ahead too (as matvec_t does for float weights, whose
+// Rows one at a time, one stream per task: its first kStreamAhead bytes are
+// asked for at once, the rest by the AVX-512 row kernels a few lines per step
+// (stream_ahead; the 256-bit ones leave it to the hardware prefetcher). Asking
+// for every row kPrefetchAhead ahead in one burst instead (as matvec_t does for float weights, whose
 // cheap kernels outrun the hardware prefetcher: 4B-shaped BF16 39.3 against
 // 25.4 GB/s without) costs the integer kernels issue slots they are short of:
 // 4B-shaped decode at 2 threads, the two schedules alternating every 7
@@ -617,7 +618,7 @@ template <class D>
 void matvec_qa(const Mat& w, const uint8_t* a, float* y, int64_t r0, int64_t r1) {
   const auto* base = static_cast<const uint8_t*>(w.data);
   const uint64_t rb = qrow_bytes(w.dtype, w.cols);
-  prefetch_run(base + r0 * rb, kPrefetchAhead, base + r1 * rb);
+  prefetch_run(base + r0 * rb, kStreamAhead, base + r1 * rb);
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = base + r * rb;
     dot_rows<D, 1>(w.dtype, &row, a, w.cols, y + (r - r0));
