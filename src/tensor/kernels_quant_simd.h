@@ -607,9 +607,10 @@ inline uint64_t qrow_bytes(DType t, int64_t cols) {
 // Rows one at a time, one stream per task: its first kStreamAhead bytes are
 // asked for at once, the rest by the AVX-512 row kernels a few lines per step
 // (stream_ahead; the 256-bit ones leave it to the hardware prefetcher). Asking
-// for every row kPrefetchAhead ahead in one burst instead (as matvec_t does for float weights, whose
-// cheap kernels outrun the hardware prefetcher: 4B-shaped BF16 39.3 against
-// 25.4 GB/s without) costs the integer kernels issue slots they are short of:
+// for every row kPrefetchAhead ahead in one burst instead (as matvec_t does
+// for float weights, whose cheap kernels outrun the hardware prefetcher:
+// 4B-shaped BF16 39.3 against 25.4 GB/s without) costs the integer kernels
+// issue slots they are short of:
 // 4B-shaped decode at 2 threads, the two schedules alternating every 7
 // products within one run, GB/s of the products, per-row -> first bytes only:
 // Q4_K_M 49.4 -> 52.8 (--no-mmap) and 34.7 -> 38.6 (mapped), Q4_0 51.4 -> 54.2

@@ -100,9 +100,9 @@ inline void prefetch_run(const uint8_t* p, int64_t len, const uint8_t* end) {
 // 50.7, 45.6 -> 45.8), and alternating every 4 tokens instead (so that one
 // form's prefetches do not feed the other's products) 53.6 -> 54.1, 50.3 ->
 // 50.5, 46.7 -> 46.9, 38.7 -> 38.9 (Q4_K_M 48.2 -> 48.5, 49.1 -> 49.2).
-// Never slower beyond the noise; as much as 9% faster. Each line once and spread out: a burst of a row's lines
-// at each row (as prefetch_run) measured 5% slower, nine lines at once per
-// four Q4_K super-blocks 13% slower.
+// Never slower beyond the noise; as much as 9% faster. Each line once and
+// spread out: a burst of a row's lines at each row (as prefetch_run) measured
+// 5% slower, nine lines at once per four Q4_K super-blocks 13% slower.
 constexpr int64_t kStreamAhead = 8192;
 template <int Bytes>
 inline void stream_ahead(const uint8_t* p) {
