@@ -245,6 +245,9 @@ class FarField:
         self.m_max, self.w, self.sink, self.seal, self.clamp = o1
         self.nh, self.nk, self.hd = nh, nk, hd
         self.group = nh // nk
+        # Per position, the smallest |far denominator| / sum_b |g_b Z_b| over its reads:
+        # where this is tiny, the rectifier's keep-or-drop turns on rounding.
+        self.margin = {}
 
     def build(self, t, K, V, Q):
         """Seal over rows [0, t) of K, V [*, nk, hd] and queries Q [*, nh, hd]."""
@@ -309,6 +312,9 @@ class FarField:
         if live.any():
             gb = np.where(live, u * np.exp(np.where(live, ex - c, 0.0)), 0.0)
             fden = gb @ self.Z[h]
+            scale = np.abs(gb * self.Z[h]).sum()
+            if scale > 0:
+                self.margin[p] = min(self.margin.get(p, math.inf), abs(fden) / scale)
             if fden > 0:
                 num = num + gb @ self.T[h]
                 den = den + fden
@@ -533,6 +539,13 @@ class Model:
             logits = (h @ self.w["lm_head.weight"].T) * (self.w["lm_head.logit_scale"] / c.sigma)
             out_rows.append(logits)
             start += size
+        # For callers comparing a float32 engine with the far field: per position, the
+        # smallest rectifier margin of any of its far reads (see FarField.margin).
+        self.far_margin = {}
+        for cache in caches.values():
+            far = getattr(cache, "far", None)
+            for p, r in (far.margin.items() if far is not None else ()):
+                self.far_margin[p] = min(self.far_margin.get(p, math.inf), r)
         return np.concatenate(out_rows, axis=0)
 
 

@@ -9,6 +9,8 @@ import os
 import sys
 import unittest
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True
@@ -25,6 +27,15 @@ O1_FLAG = ",".join(map(str, O1))
 # engine lands within 5e-3 of the reference; 1e-2 still catches every real bug (a wrong
 # segment, shift or fold moves logits by O(1), as the o1-vs-exact differences show).
 O1_TOL = 1e-2
+# The default ("aggregate") rectifier keeps or drops a head's whole far part on the sign of
+# its far denominator, a sum whose terms cancel on this model: at a few positions it lies
+# within 1e-3 of its terms' total size, where rounding decides the sign (the engine's -O2
+# sanitizer build and its -O3 build took opposite sides at one position, a logit 3.5 apart,
+# both correct to the formulas). Positions the reference finds that close to the switch
+# (below RECTIFIER_MARGIN) are left out of the parity check; no more than MAX_NEAR_SWITCH
+# of them may be, and their logits must still be finite.
+RECTIFIER_MARGIN = 2e-3
+MAX_NEAR_SWITCH = 0.15
 
 
 class FarField(G.Turbo):
@@ -37,8 +48,13 @@ class FarField(G.Turbo):
         got, passes, _ = self.logits(m, ids, *flags)
         chunks = [min(chunk, n - s) for s in range(0, n, chunk)]
         ref = dory_ref.run(m, ids, kv=kv, chunks=chunks, o1=O1 + (clamp,))
-        self.assertParity(got, ref, "o1 %s kv=%s chunk=%d%s" % (O1_FLAG, kv, chunk, " clamp" if clamp else ""),
-                          O1_TOL)
+        margin = dory_ref.load(m).far_margin
+        near = [p for p in range(n) if margin.get(p, 1.0) < RECTIFIER_MARGIN]
+        self.assertLessEqual(len(near), MAX_NEAR_SWITCH * n, "positions near the rectifier's switch: %s" % near)
+        self.assertTrue(np.isfinite(got).all(), "non-finite logits")
+        keep = [p for p in range(n) if p not in near]
+        self.assertParity(got[keep], ref[keep], "o1 %s kv=%s chunk=%d%s (%d near the switch left out)"
+                          % (O1_FLAG, kv, chunk, " clamp" if clamp else "", len(near)), O1_TOL)
         exact = dory_ref.run(m, ids, kv=kv, chunks=chunks)
         # Before the seal nothing differs; after it the far field really is in use.
         self.assertLess(P.maxdiff(got[:O1[3]], exact[:O1[3]]), P.TOL)
