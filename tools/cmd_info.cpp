@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "common.h"
 #include "model/weights.h"
+#include "tensor/kernels.h"
 
 namespace dory::cli {
 
@@ -80,6 +81,12 @@ int run_info(const std::string& path) {
   std::printf("decode reads   %s of weights per token at %lld loops\n",
               human_bytes(model->bytes_per_token(static_cast<int>(c.n_loops))).c_str(),
               (long long)c.n_loops);
+  const kern::KernelSet& ks = kern::active();
+  std::string sets;
+  for (const kern::KernelSet* k : kern::supported()) sets += std::string(sets.empty() ? "" : " ") + k->name;
+  std::printf("kernels        %s (this CPU: %s)%s\n", ks.name, sets.c_str(),
+              ks.bf16_input ? "; BF16 products take their input rounded to bf16 (DORY_BF16_INPUT=float keeps floats)"
+                                  : "");
   if (gf) {
     // The file's own tensor types (the dtype lines above are the weights as loaded).
     struct Mix {

@@ -56,6 +56,13 @@ int main(int argc, char** argv) {
   CLI::App app{"dory.cpp: inference for NVIDIA Nemotron Labs Dory (looped nGPT)", "dory"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "dory 0.1.0");
+  app.footer(
+      "Environment:\n"
+      "  DORY_ISA=scalar|avx2|avx2vnni|avx512|avx512vnni|avx512bf16\n"
+      "                   kernel set (default: the best this CPU runs; `dory info` names it)\n"
+      "  DORY_BF16_INPUT=float|bf16\n"
+      "                   products on BF16 weights: input kept float, or rounded to bf16 (the\n"
+      "                   default where the CPU has AVX512_BF16, as llama.cpp does)");
   auto cmds = dory::cli::registered_commands();
   std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
   std::vector<dory::cli::Runner> runners;

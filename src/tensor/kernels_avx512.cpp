@@ -768,10 +768,40 @@ void matmat_qa(const Mat& w, const uint8_t* xb, int64_t T, float* y, int64_t ldy
     panel_gemm<Avx512, Gemm>(w, reinterpret_cast<const uint32_t*>(xb), stride(w.cols), T, y, ldy, r0, r1);
 }
 
+// x rounded to bf16 (nearest even, as to_pairs), as floats.
+__attribute__((target("avx512bf16"))) void round_bf16(const float* x, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
+    _mm512_mask_storeu_ps(out + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+}
+
+// Rows [0, T) of x (row t at x + t*ldx) rounded to bf16 into a thread's buffer
+// (rows of n floats).
+const float* rounded_rows(const float* x, int64_t T, int64_t ldx, int64_t n) {
+  thread_local AlignedBuf buf;
+  auto* out = reinterpret_cast<float*>(buf.get(static_cast<uint64_t>(T * n) * 4));
+  for (int64_t t = 0; t < T; ++t) round_bf16(x + t * ldx, n, out + t * n);
+  return out;
+}
+
+// Every BF16 product of this set takes its input rounded to bf16, the batches
+// and the single rows alike, so that a position's logits do not depend on how
+// many rows its product had (decode against prefill, a prompt cache's last
+// row): the rows here go through the float kernels on the rounded input (decode
+// is bound by memory: vdpbf16ps measured no faster there).
+void matvec(const Mat& w, const float* x, float* y, int64_t r0, int64_t r1) {
+  if (w.dtype == DType::BF16) x = rounded_rows(x, 1, w.cols, w.cols);
+  matvec_all<Avx512, DpVnni>(w, x, y, r0, r1);
+}
+
 // The float-input entry: BF16 batches through a per-call bf16 copy of the input
 // (linear_multi makes it once per product with quantize_batch instead).
 void matmat(const Mat& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  if (w.dtype != DType::BF16 || T < kMatmatFewRows) return matmat_all<Avx512, DpVnni>(w, x, T, ldx, y, ldy, r0, r1);
+  if (w.dtype != DType::BF16) return matmat_all<Avx512, DpVnni>(w, x, T, ldx, y, ldy, r0, r1);
+  if (T < kMatmatFewRows)
+    return matmat_all<Avx512, DpVnni>(w, rounded_rows(x, T, ldx, w.cols), T, w.cols, y, ldy, r0, r1);
   thread_local AlignedBuf xbuf;
   uint8_t* xb = xbuf.get(batch_bytes(DType::BF16, T, w.cols));
   quantize_batch(DType::BF16, x, ldx, w.cols, 0, T, xb);
@@ -780,11 +810,12 @@ void matmat(const Mat& w, const float* x, int64_t T, int64_t ldx, float* y, int6
 
 constexpr KernelSet make() {
   KernelSet k = make_qset<Avx512, DpVnni>("avx512bf16");
+  k.matvec = matvec;
   k.matmat = matmat;
   k.batch_bytes = batch_bytes;
   k.quantize_batch = quantize_batch;
   k.matmat_qa = matmat_qa;
-  k.bf16_batch_input = true;
+  k.bf16_input = true;
   return k;
 }
 

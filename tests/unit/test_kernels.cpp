@@ -57,10 +57,10 @@ TEST(Kernels, EverySetMatchesScalarOnOddShapes) {
           std::vector<float> x(T * cols);
           for (float& v : x) v = nd(rng);
           std::vector<float> ref(T * rows), got(T * rows), mv(rows), mvref(rows);
-          // A set that rounds a BF16 batch's input to bf16 (avx512bf16) against the
-          // scalar product of the rounded input.
+          // A set that rounds BF16 products' input to bf16 (avx512bf16) against the
+          // scalar product of the rounded input, matvec and every batch size alike.
           std::vector<float> xr = x;
-          if (ks->bf16_batch_input && d == DType::BF16 && T >= kern::kMatmatFewRows)
+          if (ks->bf16_input && d == DType::BF16)
             for (float& v : xr) {
               uint16_t h;
               quantize_row(DType::BF16, &v, &h, 1);  // round to nearest even
@@ -68,7 +68,7 @@ TEST(Kernels, EverySetMatchesScalarOnOddShapes) {
             }
           kern::kScalar.matmat(w, xr.data(), T, cols, ref.data(), rows, 0, rows);
           ks->matmat(w, x.data(), T, cols, got.data(), rows, 0, rows);
-          kern::kScalar.matvec(w, x.data(), mvref.data(), 0, rows);
+          kern::kScalar.matvec(w, xr.data(), mvref.data(), 0, rows);
           ks->matvec(w, x.data(), mv.data(), 0, rows);
           for (int64_t t = 0; t < T; ++t)
             for (int64_t r = 0; r < rows; ++r) {
