@@ -248,7 +248,7 @@ float k45_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   __m128 accm = _mm_setzero_ps();
   for (int64_t sb = 0; sb < n / 256; ++sb) {
     const uint8_t* p = row + kBytes * sb;
-    stream_ahead<kBytes>(p);
+    stream_ahead<kBytes, _MM_HINT_NTA>(p);
     const int8_t* a = reinterpret_cast<const int8_t*>(act) + 256 * sb;
     const K45Scales ks(p, b32 + 8 * sb);
     const __m512i sc16 = ks.sc16;
@@ -416,7 +416,7 @@ float k45_row512_vnni(const uint8_t* row, const uint8_t* act, int64_t n) {
     auto step = [&](auto kc) {
       constexpr int k = decltype(kc)::value;
       constexpr int M = R0 < 0 ? -1 : (16 * R0 + kBytes * k + (Q5 ? 48 : 16)) % 64;
-      stream_ahead<kBytes>(p + kBytes * k);
+      stream_ahead<kBytes, _MM_HINT_NTA>(p + kBytes * k);
       const __m512i is = sums(p + kBytes * k, sb + k, H.W[k / 2], 16 * (k % 2), std::integral_constant<int, M>{});
       acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_permutexvar_ps(_mm512_set1_epi32(2 * k), H.dd), acc);
     };
@@ -427,7 +427,7 @@ float k45_row512_vnni(const uint8_t* row, const uint8_t* act, int64_t n) {
   }
   for (; sb < nsb; ++sb) {
     const uint8_t* p = row + kBytes * sb;
-    stream_ahead<kBytes>(p);
+    stream_ahead<kBytes, _MM_HINT_NTA>(p);
     const K45Scales ks(p, b32 + 8 * sb);
     ks.add(p, ad[sb], sums(p, sb, ks.sc16, 0, std::integral_constant<int, -1>{}), acc, accm);
   }
@@ -452,7 +452,7 @@ inline float q6k_row512(const uint8_t* row, const uint8_t* act, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < n / 256; ++sb) {
     const uint8_t* p = row + 210 * sb;
-    stream_ahead<210>(p);
+    stream_ahead<210, _MM_HINT_NTA>(p);
     const int8_t* a = reinterpret_cast<const int8_t*>(act) + 256 * sb;
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)));
     const __m512i sc16 = _mm512_castsi256_si512(s16);
