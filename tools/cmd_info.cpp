@@ -84,9 +84,8 @@ int run_info(const std::string& path) {
   const kern::KernelSet& ks = kern::active();
   std::string sets;
   for (const kern::KernelSet* k : kern::supported()) sets += std::string(sets.empty() ? "" : " ") + k->name;
-  std::printf("kernels        %s (this CPU: %s)%s\n", ks.name, sets.c_str(),
-              ks.bf16_input ? "; BF16 products take their input rounded to bf16 (DORY_BF16_INPUT=float keeps floats)"
-                                  : "");
+  const char* bf16_note = "; BF16 products take their input rounded to bf16 (DORY_BF16_INPUT=float keeps floats)";
+  std::printf("kernels        %s (this CPU: %s)%s\n", ks.name, sets.c_str(), ks.bf16_input ? bf16_note : "");
   if (gf) {
     // The file's own tensor types (the dtype lines above are the weights as loaded).
     struct Mix {
