@@ -103,7 +103,7 @@ extern const KernelSet kAvx512Vnni;  // AVX-512 + AVX512_VNNI
 // split into two bf16 parts keeps float accuracy but measured no faster than FMA.)
 extern const KernelSet kAvx512Bf16;
 
-// The sets this CPU can run, best last (avx512bf16 after it, where present).
+// The sets this CPU can run, best last (avx512bf16, where present).
 std::vector<const KernelSet*> supported();
 // The active set: the best supported (with DORY_BF16_INPUT=float, the best that
 // computes on float inputs), or DORY_ISA=scalar|avx2|avx2vnni|avx512|avx512vnni|
