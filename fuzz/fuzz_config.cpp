@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)c.rotary_dims(2);
     const auto expected = dory::expected_tensors(c);
     (void)expected;
-    for (int loops = 1; loops <= 16; loops *= 2) (void)dory::build_plan(c, loops);
+    for (int loops = 1; loops <= 16; loops *= 2) (void)dory::build_plan(c, dory::KvMode::PerLoop, loops);
   });
   return 0;
 }

@@ -10,7 +10,7 @@
 
 #include "commands.h"
 #include "common.h"
-#include "runtime/pool.h"
+#include "backend/backend.h"
 #include "tensor/kernels.h"
 
 namespace dory::cli {
@@ -39,23 +39,25 @@ std::pair<double, double> mean_sd(const std::vector<double>& v) {
 }
 
 int run_bench(const BenchOpts& o) {
+  check_device(o.run.backend_options());
   const auto t_load = Clock::now();
   auto model = Model::load(o.run.model_path(), o.run.placement());
   const double load_s = seconds_since(t_load);
   const DoryConfig& c = model->config();
   const int threads = o.run.n_threads();
-  ThreadPool pool(threads);
+  auto pool = o.run.open(model);
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab - 1));
 
-  std::fprintf(stderr, "loaded %s in %.2f s (weights %s); kernels: %s; %d threads\n", model->path().c_str(),
-               load_s, weights_placement_text(*model).c_str(), kern::kernels().name, threads);
+  std::fprintf(stderr, "loaded %s in %.2f s (weights %s); kernels: %s; %d threads; backend %s\n",
+               model->path().c_str(), load_s, weights_placement_text(*model).c_str(), kern::kernels().name, threads,
+               pool->name());
   uint64_t kv_max = 0;  // the largest KV cache of any run, for the memory line
   KvBytes kv_split{};   // of that run
   GateStats gates{};    // summed over the tg runs
   std::string gate_name;
   auto pp_once = [&] {
-    Session s(model, pool, o.run.session());
+    Session s(pool, o.run.session());
     std::vector<int32_t> ids(o.n_prompt);
     for (auto& id : ids) id = tok(rng);
     const auto t0 = Clock::now();
@@ -71,7 +73,7 @@ int run_bench(const BenchOpts& o) {
   auto tg_once = [&] {
     std::unique_ptr<Session> fresh;
     if (o.depth > 0 && !deep) {
-      deep = std::make_unique<Session>(model, pool, o.run.session());
+      deep = std::make_unique<Session>(pool, o.run.session());
       std::vector<int32_t> ctx(o.depth);
       for (auto& id : ctx) id = tok(rng);
       deep->prompt_end(o.depth);
@@ -83,7 +85,7 @@ int run_bench(const BenchOpts& o) {
       }
       progress.done();
     }
-    if (!deep) fresh = std::make_unique<Session>(model, pool, o.run.session());
+    if (!deep) fresh = std::make_unique<Session>(pool, o.run.session());
     Session& s = deep ? *deep : *fresh;
     const GateStats g0 = s.gate_stats();
     const auto t0 = Clock::now();
@@ -105,7 +107,7 @@ int run_bench(const BenchOpts& o) {
   int64_t most = -1;
   for (const auto& [dt, e] : model->dtype_mix())
     if (e.second > most) most = e.second, wtype = dt;
-  Session probe(model, pool, o.run.session());
+  Session probe(pool, o.run.session());
   const int loops = probe.loops();
   const uint64_t bytes_tok = model->bytes_per_token(loops);
   std::printf("| model | size | params | loops | kv | threads | test | t/s | GB/s |\n");

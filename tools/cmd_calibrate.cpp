@@ -19,11 +19,11 @@
 #include "common.h"
 #include "convert.h"
 #include "format/mapped_file.h"
-#include "model/exact_rows.h"
+#include "backend/cpu/exact_rows.h"
 #include "model/turbo.h"
 #include "model/weights.h"
 #include "model_text.h"
-#include "runtime/pool.h"
+#include "backend/backend.h"
 
 namespace dory::cli {
 
@@ -64,7 +64,7 @@ void orthonormalize(std::vector<double>& Q, int64_t n, int r) {
 
 // Mean and top-r principal basis (rows, orthonormal) of the rows of X [n x d]
 // selected by `take`, by orthogonal iteration on their covariance.
-void topology(const std::vector<float>& X, int64_t d, const std::vector<bool>& take, int r, ThreadPool& pool,
+void topology(const std::vector<float>& X, int64_t d, const std::vector<bool>& take, int r, Backend& be,
               std::vector<float>* mean, std::vector<float>* basis) {
   const int64_t n = static_cast<int64_t>(take.size());
   std::vector<double> mu(d, 0.0);
@@ -80,7 +80,7 @@ void topology(const std::vector<float>& X, int64_t d, const std::vector<bool>& t
   std::vector<int64_t> rows;
   for (int64_t i = 0; i < n; ++i)
     if (take[i]) rows.push_back(i);
-  pool.parallel_for(d, 8, [&](int64_t a0, int64_t a1) {
+  parallel_ranges(be, d, 8, [&](int64_t a0, int64_t a1) {
     std::vector<double> xc(d);
     for (int64_t i : rows) {
       for (int64_t k = 0; k < d; ++k) xc[k] = X[i * d + k] - mu[k];
@@ -98,7 +98,7 @@ void topology(const std::vector<float>& X, int64_t d, const std::vector<bool>& t
   for (double& v : Q) v = nd(rng);
   orthonormalize(Q, d, r);
   for (int it = 0; it < 80; ++it) {
-    pool.parallel_for(r, 1, [&](int64_t j0, int64_t j1) {
+    parallel_ranges(be, r, 1, [&](int64_t j0, int64_t j1) {
       for (int64_t j = j0; j < j1; ++j)
         for (int64_t a = 0; a < d; ++a) {
           double s = 0;
@@ -143,7 +143,7 @@ int run_calibrate(const CalibrateOpts& o) {
   const auto t0 = Clock::now();
   Loaded m = load_model_and_tokenizer(o.run, o.tokenizer);
   const DoryConfig& c = m.model->config();
-  ThreadPool pool(o.run.n_threads());
+  auto pool = o.run.open(m.model);
   const std::string text = read_text_file(o.text);
   std::vector<int32_t> ids = enc(*m.tok, text);
   if (static_cast<int64_t>(ids.size()) < std::max<int64_t>(1024, o.prompt_length + 16))
@@ -164,7 +164,7 @@ int run_calibrate(const CalibrateOpts& o) {
   base.o1 = O1Params{};
   base.exact = ExactParams{};
   base.prompt_loops = 0;
-  Session probe_loops(m.model, pool, base);
+  Session probe_loops(pool, base);
   if (probe_loops.loops() < 2) throw Error("calibration needs at least 2 loops (--loops)");
 
   // 1. The router, from the states after pass 1.
@@ -175,7 +175,7 @@ int run_calibrate(const CalibrateOpts& o) {
   std::fprintf(stderr, "router: %lld tokens of %s, %d loops, last_loop\n", (long long)n_tok, o.text.c_str(),
                probe_loops.loops());
   for (int64_t b = 0; b < n_tok;) {
-    Session s(m.model, pool, base);
+    Session s(pool, base);
     const int64_t n = std::min<int64_t>(ctx - 1, n_tok - b);
     const ProbeRows pr = s.probe(std::span(ids).subspan(b, n));
     states.insert(states.end(), pr.state1.begin(), pr.state1.end());
@@ -207,8 +207,8 @@ int run_calibrate(const CalibrateOpts& o) {
   r.dim = H;
   std::vector<bool> hard(easy.size());
   for (size_t i = 0; i < easy.size(); ++i) hard[i] = !easy[i];
-  topology(states, H, easy, o.rank, pool, &r.easy_mean, &r.easy_basis);
-  topology(states, H, hard, o.rank, pool, &r.hard_mean, &r.hard_basis);
+  topology(states, H, easy, o.rank, *pool, &r.easy_mean, &r.easy_basis);
+  topology(states, H, hard, o.rank, *pool, &r.hard_mean, &r.hard_basis);
   r.rank_easy = static_cast<int64_t>(r.easy_basis.size()) / H;
   r.rank_hard = static_cast<int64_t>(r.hard_basis.size()) / H;
   std::vector<double> score(n_tok);
@@ -272,7 +272,7 @@ int run_calibrate(const CalibrateOpts& o) {
     prompt.insert(prompt.end(), needle.begin(), needle.end());
     prompt.insert(prompt.end(), ids.begin() + start + at, ids.begin() + start + fill);
     prompt.insert(prompt.end(), q_ids.begin(), q_ids.end());
-    Session s(m.model, pool, eo);
+    Session s(pool, eo);
     s.forward(prompt, Logits::None);
     for (const SlotFeatures& f : s.exact_features()) {
       const int li = full_index[f.layer];

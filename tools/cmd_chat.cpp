@@ -12,7 +12,6 @@
 #include "commands.h"
 #include "common.h"
 #include "model_text.h"
-#include "runtime/pool.h"
 
 namespace dory::cli {
 
@@ -31,8 +30,7 @@ struct ChatOpts {
 int run_chat(const ChatOpts& o) {
   Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
   const ChatTemplate tmpl(chat_template_source(*m.tok));
-  ThreadPool pool(o.run.n_threads());
-  TextSession ts(m.model, pool, o.run.session(), *m.tok);
+  TextSession ts(m.backend, o.run.session(), *m.tok);
   Sampler sampler(o.gen.sampling());
 
   // Ctrl-C stops the answer being written; at the prompt it ends the chat.

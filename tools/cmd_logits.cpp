@@ -7,7 +7,6 @@
 #include "common.h"
 #include "format/mapped_file.h"
 #include "runtime/npy.h"
-#include "runtime/pool.h"
 
 namespace dory::cli {
 
@@ -22,9 +21,9 @@ struct LogitsOpts {
 
 int run_logits(const LogitsOpts& o) {
   const std::vector<int32_t> ids = parse_ids(o.ids);
+  check_device(o.run.backend_options());
   auto model = Model::load(o.run.model_path(), o.run.placement());
-  ThreadPool pool(o.run.n_threads());
-  Session session(model, pool, o.run.session());
+  Session session(o.run.open(model), o.run.session());
   if (o.prompt_rows < 0 || o.prompt_rows >= static_cast<int64_t>(ids.size()))
     throw Error("--prompt-rows " + std::to_string(o.prompt_rows) + " must leave at least one of the " +
                 std::to_string(ids.size()) + " ids to score");

@@ -8,9 +8,9 @@
 
 #include "commands.h"
 #include "common.h"
+#include "backend/backend.h"
 #include "format/mapped_file.h"
 #include "model_text.h"
-#include "runtime/pool.h"
 #include "text/utf8.h"
 
 namespace dory::cli {
@@ -39,9 +39,9 @@ int run_ppl(const PplOpts& o) {
   const std::optional<int32_t> bos = m.tok->adds_bos() ? m.tok->bos_id() : std::nullopt;
   const int64_t first = ctx / 2;
 
-  ThreadPool pool(o.run.n_threads());
+  auto backend = o.run.open(m.model);
   std::fprintf(stderr, "ppl: %zu tokens, %lld windows of %lld (scoring the last %lld of each) | %d threads\n",
-               tokens.size(), (long long)n_windows, (long long)ctx, (long long)(ctx - 1 - first), pool.size());
+               tokens.size(), (long long)n_windows, (long long)ctx, (long long)(ctx - 1 - first), backend->host_threads());
   double nll = 0, nll2 = 0;
   int64_t count = 0;
   int loops = 0;
@@ -50,7 +50,7 @@ int run_ppl(const PplOpts& o) {
   for (int64_t w = 0; w < n_windows; ++w) {
     std::vector<int32_t> win(tokens.begin() + w * ctx, tokens.begin() + (w + 1) * ctx);
     if (bos) win[0] = *bos;
-    Session s(m.model, pool, o.run.session());
+    Session s(backend, o.run.session());
     loops = s.loops();
     kv = kv_mode_name(s.kv_mode());
     s.forward(std::span<const int32_t>(win.data(), first), Logits::None);

@@ -9,7 +9,6 @@
 #include "dory/generate.h"
 #include "format/mapped_file.h"
 #include "model_text.h"
-#include "runtime/pool.h"
 #include "runtime/sampler.h"
 
 
@@ -30,15 +29,14 @@ int run_run(const RunCmdOpts& o) {
   Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
   const std::vector<int32_t> ids = m.tok->encode(prompt, /*add_special=*/true);
   if (ids.empty()) throw Error("the prompt encodes to no tokens");
-  ThreadPool pool(o.run.n_threads());
-  TextSession ts(m.model, pool, o.run.session(), *m.tok);
+  TextSession ts(m.backend, o.run.session(), *m.tok);
   Sampler sampler(o.gen.sampling());
   const Session& ss = ts.session();
   if (o.verbose)
     std::fprintf(stderr,
-                 "model %s | %d threads | loops %d | kv %s | prompt loops %d | gate %s | o1 %s | exact %s | "
+                 "model %s | %s | loops %d | kv %s | prompt loops %d | gate %s | o1 %s | exact %s | "
                  "seed %llu | prompt %zu tokens\n",
-                 m.model->path().c_str(), pool.size(), ss.loops(), kv_mode_name(ss.kv_mode()), ss.prompt_loops(),
+                 m.model->path().c_str(), backend_text(ss).c_str(), ss.loops(), kv_mode_name(ss.kv_mode()), ss.prompt_loops(),
                  ss.gate().str().c_str(), ss.o1().str().c_str(), ss.exact().str().c_str(),
                  (unsigned long long)sampler.seed(), ids.size());
 

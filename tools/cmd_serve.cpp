@@ -65,7 +65,6 @@ int run_serve(ServeOpts o) {
 
   server::EngineOptions eo;
   eo.slots = o.parallel;
-  eo.threads = o.run.n_threads();
   eo.ctx = o.ctx > 0 ? o.ctx : c.max_positions;
   eo.session = o.run.session();
   eo.prefill_rows = o.prefill_rows;
@@ -76,12 +75,13 @@ int run_serve(ServeOpts o) {
   rd.ignore_eos = o.gen.ignore_eos;
   const int loops = o.run.loops ? o.run.loops : static_cast<int>(c.n_loops);
   const char* kv = kv_mode_name(eo.session.kv.value_or(c.kv_mode));
-  http.ready(m.model, std::move(m.tok), tmpl, eo, rd);
+  const std::string where = m.backend->describe();
+  http.ready(m.backend, std::move(m.tok), tmpl, eo, rd);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr,
-               "dory serve: ready in %.2f s: model '%s', %d slots x %lld positions, %d threads, "
+               "dory serve: ready in %.2f s: model '%s', %d slots x %lld positions, %s, "
                "loops %d, kv %s%s\n",
-               load_s, o.http.model_name.c_str(), eo.slots, (long long)eo.ctx, eo.threads, loops, kv,
+               load_s, o.http.model_name.c_str(), eo.slots, (long long)eo.ctx, where.c_str(), loops, kv,
                o.http.api_key.empty() ? "" : ", API key required");
 
   int sig = 0;

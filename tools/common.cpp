@@ -8,7 +8,7 @@
 
 #include "dory/error.h"
 
-#include "runtime/pool.h"
+#include "backend/backend.h"
 
 namespace dory::cli {
 
@@ -68,6 +68,11 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
                   "weights) | FILE:ROWS (weights from a dory calibrate file) | off (default: the model file's)");
   app->add_option("--spill", o.spill,
                   "with --exact: keep the rows that wait for the choice in files under this directory, not in RAM");
+  app->add_option("--device", o.device,
+                  "where the model runs: cpu, cuda (an NVIDIA GPU, in a build with CUDA) or auto (the GPU "
+                  "when this build has one and a device is present, else the CPU)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
   auto* mm = app->add_flag("--mmap", o.mmap,
                            "use the weights in place from the memory-mapped model file (the default): "
                            "nothing is read at load");
@@ -75,6 +80,26 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
                 "read the weights into memory on huge pages at load: decode streams them ~5% faster, loading "
                 "takes a while (0.3-2 s per GiB)")
       ->excludes(mm);
+}
+
+BackendOptions RunOpts::backend_options() const {
+  BackendOptions b;
+  b.device = parse_device(device);
+  b.threads = n_threads();
+  return b;
+}
+
+std::shared_ptr<Backend> RunOpts::open(std::shared_ptr<const Model> model) const {
+  return open_backend(std::move(model), backend_options());
+}
+
+std::string backend_text(const Session& s) { return s.backend().describe(); }
+
+void parallel_ranges(Backend& be, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  const int64_t step = std::max<int64_t>(std::max<int64_t>(1, grain), (n + be.host_threads() * 4 - 1) /
+                                                                         (be.host_threads() * 4));
+  be.host_parallel((n + step - 1) / step, [&](int64_t k) { fn(k * step, std::min(n, (k + 1) * step)); });
 }
 
 WeightPlacement RunOpts::placement() const {
@@ -112,7 +137,7 @@ std::string gate_summary(const Session& s) {
   return out;
 }
 
-int RunOpts::n_threads() const { return threads > 0 ? threads : ThreadPool::default_threads(); }
+int RunOpts::n_threads() const { return threads > 0 ? threads : default_host_threads(); }
 
 void add_gen_opts(CLI::App* app, GenOpts& o) {
   SamplingParams& p = o.sp;

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
+#include "dory/backend.h"
 #include "dory/model.h"
 #include "dory/generate.h"
 #include "dory/session.h"
@@ -26,7 +28,11 @@ struct RunOpts {
   std::string exact;      // "" = the model file's
   std::string spill;      // "" = RAM
   bool mmap = false, no_mmap = false;  // --mmap (the default) / --no-mmap
+  std::string device = "auto";        // --device cpu|cuda|auto
   WeightPlacement placement() const;
+  BackendOptions backend_options() const;
+  // The backend --device names, with the model on it.
+  std::shared_ptr<Backend> open(std::shared_ptr<const Model> model) const;
   SessionOptions session() const;
   int n_threads() const;
   std::string model_path() const;  // model, or the built-in one
@@ -78,5 +84,10 @@ std::string weights_placement_text(const Model& m);
 // "gate conf:0.7: 40 tokens gated, 35.0% left after one pass (readouts 40, probes 0)", or ""
 // when the session has no gate.
 std::string gate_summary(const Session& s);
+// "cpu: 2 threads, kernels avx512bf16" (for --verbose).
+std::string backend_text(const Session& s);
+// fn(a0, a1) over about host_threads * 4 ranges of [0, n), each at least `grain` long, on
+// the backend's host threads (host work: dory calibrate's covariance).
+void parallel_ranges(Backend& be, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace dory::cli

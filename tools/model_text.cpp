@@ -6,7 +6,9 @@ namespace dory::cli {
 
 Loaded load_model_and_tokenizer(const RunOpts& run, const std::string& tokenizer_path) {
   Loaded l;
+  check_device(run.backend_options());
   l.model = Model::load(run.model_path(), run.placement());
+  l.backend = run.open(l.model);
   // Without --tokenizer: the model's directory (tokenizer.json), or for a GGUF model the
   // tokenizer.ggml.* metadata inside it (Tokenizer::from_path tells them apart).
   try {

@@ -12,6 +12,7 @@ namespace dory::cli {
 // metadata, or --tokenizer).
 struct Loaded {
   std::shared_ptr<const Model> model;
+  std::shared_ptr<Backend> backend;  // --device's, with the model on it
   std::unique_ptr<Tokenizer> tok;
 };
 Loaded load_model_and_tokenizer(const RunOpts& run, const std::string& tokenizer_path);

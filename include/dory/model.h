@@ -10,14 +10,11 @@
 #include <vector>
 
 #include "dory/error.h"
+#include "dory/options.h"
 
 namespace dory {
 
-enum class KvMode { PerLoop, LastLoop };
-const char* kv_mode_name(KvMode m);
-KvMode parse_kv_mode(const std::string& s);  // throws Error
-
-// The model section of SPEC.md, as read from config.json (or GGUF metadata).
+// The model section of docs/model.md, as read from config.json (or GGUF metadata).
 struct DoryConfig {
   int64_t hidden = 0;      // H
   int64_t ffn = 0;         // F

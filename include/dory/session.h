@@ -1,5 +1,5 @@
-// A Session is all the state of one sequence: KV caches, position, scratch.
-// Two sessions never share mutable state; both may share one Model.
+// A Session is all the state of one sequence: its caches (on its backend), position,
+// loop count and gate. Two sessions never share mutable state; both may share one Backend.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -9,85 +9,14 @@
 #include <vector>
 
 #include "dory/model.h"
+#include "dory/options.h"
 
 namespace dory {
 
-class ThreadPool;
+class Backend;
 struct SessionState;
-struct ChunkArgs;
-
-enum class Logits { None, Last, All };
-
-// Early exit (SPEC section 4): after the first recurrent pass a decode token
-// either leaves (its logits from one pass) or takes the remaining passes.
-struct GateParams {
-  enum class Kind { Off, Conf, Recon, Auto };
-  Kind kind = Kind::Off;
-  double theta = 0.7;          // conf: exit when the top probability >= theta
-  std::optional<double> bias;  // recon: one pass when score >= bias (default: the model file's, else 0)
-  std::string str() const;     // as parse_gate reads it
-};
-// "off" | "conf:THETA" | "recon" | "recon:BIAS" | "auto"; throws Error naming --gate.
-GateParams parse_gate(const std::string& s);
-
-// The O(1) far field of the full-attention layers (SPEC section 5).
-struct O1Params {
-  bool on = false;
-  int m = 32;           // landmarks (at most)
-  int w = 128;          // exact recent rows
-  int sink = 4;         // exact first rows
-  int64_t seal = 1024;  // rows a slot holds exactly before it seals
-  bool clamp = false;   // rectifier: false = "aggregate" (drop a negative far part), true = clamp u at 0
-  void validate() const;    // throws Error unless the numbers fit together
-  std::string str() const;  // "off" or "m,w,sink,seal"
-};
-// "off" or "m,w,sink,seal" (e.g. "32,128,4,1024"); throws Error naming --o1.
-O1Params parse_o1(const std::string& s);
-
-// Rows kept exact past the seal (SPEC section 6).
-struct ExactParams {
-  bool on = false;
-  int64_t budget = 0;          // rows per full-attention slot
-  std::vector<float> weights;  // [full layers x n_kv_head x 2]; empty = the model file's
-  std::string source;          // where the weights came from (for messages)
-  std::string spill_dir;       // "" = keep the waiting rows in RAM
-  std::string str() const;
-};
-// "off" | "ROWS" (the model file's weights) | "FILE:ROWS" (weights from FILE, a GGUF
-// made by dory calibrate); throws Error naming --exact.
-ExactParams parse_exact(const std::string& s);
-
-// Every optional field left empty takes the model file's default (a "turbo"
-// file, SPEC section 7), else the plain model's behaviour.
-struct SessionOptions {
-  int loops = 0;                  // recurrent passes per token, 1..16; 0 = the config's
-  std::optional<KvMode> kv;       // default: the turbo file's last_loop, else the config's mode
-  int chunk = 64;                 // prompt rows per batched forward
-  int64_t rewind_margin = 256;    // rows a sliding layer keeps beyond its window
-  // last_loop: a prompt chunk whose logits nobody reads runs min(loops, prompt_loops)
-  // passes (SPEC section 3); 0 = off.
-  std::optional<int> prompt_loops;
-  std::optional<GateParams> gate;
-  std::optional<O1Params> o1;
-  std::optional<ExactParams> exact;
-  std::string spill_dir;  // --spill: where exact rows wait between the seal and the prompt's end
-};
-
-// What the early-exit gate did (tokens that reached it, and how they went).
-struct GateStats {
-  int64_t gated = 0;     // decode tokens that came to the gate
-  int64_t one_pass = 0;  // of them, left after one pass
-  int64_t readouts = 0;  // conf: read-outs after pass 1 (the tracker skips some)
-  int64_t probes = 0;    // conf: read-outs made while the tracker was skipping
-  double one_pass_share() const { return gated ? double(one_pass) / double(gated) : 0.0; }
-};
-
-// Where the KV memory is: exact rows (windows, unsealed full slots, kept query
-// rows) and the far fields' constant state.
-struct KvBytes {
-  uint64_t exact = 0, far = 0;
-  uint64_t total() const { return exact + far; }
-};
+class SeqCaches;
+struct Step;
 
 class Session;
 
@@ -99,27 +28,10 @@ struct BatchEntry {
   std::vector<float> logits;     // out: what forward(ids, want) would return
 };
 
-// What `dory calibrate` reads off a run (Session::probe): per row, the state after
-// the first recurrent pass, and the top token and top probability of a read-out
-// after that pass and after all of them.
-struct ProbeRows {
-  int64_t hidden = 0;
-  std::vector<float> state1;              // [rows x hidden]
-  std::vector<int32_t> top1, top_all;     // [rows]
-  std::vector<float> p1;                  // top probability after pass 1 [rows]
-};
-
-// The exact-row features of one far-field slot (Session::exact_features): rows
-// [lo, hi), each 2 x n_kv_head rank shares (per KV head: key residual, value norm).
-struct SlotFeatures {
-  int layer = 0, loop = 0;
-  int64_t lo = 0, hi = 0;
-  std::vector<double> f;  // [(hi - lo) x 2 n_kv_head]
-};
-
 class Session {
  public:
-  Session(std::shared_ptr<const Model> model, ThreadPool& pool, SessionOptions opts = {});
+  // A sequence on `backend` (which holds the model): its caches live there.
+  explicit Session(std::shared_ptr<Backend> backend, SessionOptions opts = {});
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -133,7 +45,7 @@ class Session {
   // product), while attention runs per session against its own KV cache. Each
   // entry's logits equal what its session's forward() gives, to float rounding
   // (a one-row matrix-vector product becomes a row of a batched one).
-  // Sessions must share one Model and ThreadPool; sessions with different loop
+  // Sessions must share one Backend; sessions with different loop
   // counts go through in one pass per loop count. Throws Error, changing no
   // session, on a bad id, a repeated session or more ids than a session's chunk.
   static void forward_batch(std::span<BatchEntry> entries);
@@ -147,8 +59,12 @@ class Session {
   std::vector<SlotFeatures> exact_features();
 
   // The current prompt ends at position `end`: with exact rows on, the far fields
-  // are rebuilt with their chosen rows before the prompt's last 512 rows go in.
+  // are rebuilt with their chosen rows before the prompt's last 512 rows go in
+  // (forward() and forward_batch() both stop at that point and rebuild).
   void prompt_end(int64_t end);
+  // The most ids the next forward may take in one batched pass: the chunk size, cut
+  // at a pending rebuild point (what a caller feeding a prompt in pieces asks).
+  int64_t next_rows() const;
 
   // Forgets rows from position n on, in every cache. Throws Error if n is past
   // the end or older rows needed by a sliding window were already dropped.
@@ -169,13 +85,16 @@ class Session {
   // Recurrent passes each position of the last forward() ran (for the tests and
   // --verbose: the gate and prompt_loops change it).
   const std::vector<int>& last_passes() const;
-  const Model& model() const { return *model_; }
+  const Model& model() const;
+  Backend& backend() const { return *backend_; }
+  const std::shared_ptr<Backend>& backend_ptr() const { return backend_; }
+  const SessionOptions& options() const;
 
  private:
-  int gated_token(const ChunkArgs& a, float* logits);  // returns the passes it ran
-  void rebuild_exact();
-  std::shared_ptr<const Model> model_;
-  ThreadPool& pool_;
+  int gated_token(std::span<const int32_t> ids, float* logits);  // returns the passes it ran
+  void run_pass(std::span<const int32_t> ids, const std::vector<Step>& plan, int64_t logit_row0, float* logits);
+  void rebuild_if_due();
+  std::shared_ptr<Backend> backend_;
   std::unique_ptr<SessionState> st_;
 };
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "dory/session.h"
+#include "dory/options.h"
 
 namespace dory {
 

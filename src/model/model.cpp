@@ -60,7 +60,7 @@ uint64_t Model::bytes_per_token(int loops) const {
   using kern::mat_bytes;
   const Weights& w = *weights_;
   uint64_t b = mat_bytes(w.lm_head) + row_bytes(w.embd.dtype, w.cfg.hidden);
-  for (const Step& st : build_plan(w.cfg, loops)) {
+  for (const Step& st : build_plan(w.cfg, KvMode::PerLoop, loops)) {
     if (st.op != Step::Op::Layer) continue;
     const LayerWeights& L = w.layers[st.layer];
     if (L.kind == '-') b += mat_bytes(L.w_gate) + mat_bytes(L.w_up) + mat_bytes(L.w_down);

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "dory/error.h"
-#include "dory/session.h"
+#include "dory/options.h"
 
 namespace dory {
 
@@ -141,6 +141,22 @@ ExactParams parse_exact(const std::string& s) {
 std::string ExactParams::str() const {
   if (!on) return "off";
   return (source.empty() || source == "the model file" ? "" : source + ":") + std::to_string(budget);
+}
+
+const char* device_name(Device d) {
+  switch (d) {
+    case Device::Cpu: return "cpu";
+    case Device::Cuda: return "cuda";
+    case Device::Auto: break;
+  }
+  return "auto";
+}
+
+Device parse_device(const std::string& s) {
+  if (s == "auto") return Device::Auto;
+  if (s == "cpu") return Device::Cpu;
+  if (s == "cuda") return Device::Cuda;
+  throw Error("--device: '" + s + "' is not a device (expected cpu, cuda or auto)");
 }
 
 }  // namespace dory

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "dory/model.h"
-#include "dory/session.h"
+#include "dory/options.h"
 #include "format/gguf.h"
 #include "format/safetensors.h"
 #include "model/gate.h"

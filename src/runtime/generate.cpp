@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <set>
 
 #include "runtime/sampler.h"
 #include "text/tokenizer.h"
@@ -25,52 +24,123 @@ size_t stop_holdback(std::string_view text, const std::vector<std::string>& stop
   return hold;
 }
 
-TextSession::TextSession(std::shared_ptr<const Model> model, ThreadPool& pool, SessionOptions opts,
-                         const Tokenizer& tok)
-    : model_(std::move(model)), pool_(pool), opts_(opts), tok_(tok) {
+// ---- Sequence ----
+
+Sequence::Sequence(std::shared_ptr<Backend> backend, SessionOptions opts)
+    : backend_(std::move(backend)), opts_(std::move(opts)) {
   reset();
 }
+
+Sequence::~Sequence() = default;
+
+void Sequence::reset() {
+  session_ = std::make_unique<Session>(backend_, opts_);
+  tokens_.clear();
+  tokens_loops_ = session_->loops();
+}
+
+size_t Sequence::reusable(std::span<const int32_t> prompt, int loops) const {
+  if (prompt.empty() || loops != tokens_loops_) return 0;
+  size_t keep = 0;
+  while (keep < tokens_.size() && keep < prompt.size() && tokens_[keep] == prompt[keep]) ++keep;
+  return std::min(keep, prompt.size() - 1);
+}
+
+size_t Sequence::start(std::span<const int32_t> prompt, int loops) {
+  if (prompt.empty()) throw Error("the prompt is empty");
+  size_t keep = reusable(prompt, loops);
+  try {
+    session_->rollback(static_cast<int64_t>(keep));
+  } catch (const Error&) {
+    // A sliding window or a sealed far field cannot go back that far: start over.
+    reset();
+    keep = 0;
+  }
+  if (session_->loops() != loops) session_->set_loops(loops);
+  tokens_.resize(keep);
+  tokens_loops_ = loops;
+  session_->prompt_end(static_cast<int64_t>(prompt.size()));
+  return keep;
+}
+
+void Sequence::took(std::span<const int32_t> ids) { tokens_.insert(tokens_.end(), ids.begin(), ids.end()); }
+
+// ---- TextStream ----
+
+TextStream::TextStream(const Tokenizer& tok, const DoryConfig& c, std::vector<std::string> stops, bool ignore_eos,
+                       std::function<bool(std::string_view)> emit)
+    : dec_(std::make_unique<StreamDecoder>(tok)), stops_(std::move(stops)), ignore_eos_(ignore_eos),
+      emit_(std::move(emit)) {
+  for (int32_t id : tok.eos_ids()) eos_.push_back(id);
+  for (int64_t id : c.eos_ids) eos_.push_back(static_cast<int32_t>(id));
+}
+
+TextStream::~TextStream() = default;
+TextStream::TextStream(TextStream&&) noexcept = default;
+
+TextStream::Next TextStream::push(int32_t id) {
+  if (!ignore_eos_ && std::find(eos_.begin(), eos_.end(), id) != eos_.end()) return Next::Eos;
+  pending_ += dec_->push(id);
+  // The earliest stop string ends the text where it starts.
+  size_t cut = std::string::npos;
+  for (const std::string& s : stops_)
+    if (!s.empty()) cut = std::min(cut, pending_.find(s));
+  if (cut != std::string::npos) {
+    if (cut && emit_) emit_(std::string_view(pending_).substr(0, cut));
+    pending_.clear();
+    ended_ = true;
+    return Next::Stop;
+  }
+  return send(false) ? Next::More : Next::Refused;
+}
+
+bool TextStream::send(bool final) {
+  const size_t hold = final ? 0 : stop_holdback(pending_, stops_);
+  if (pending_.size() <= hold) return true;
+  const bool ok = !emit_ || emit_(std::string_view(pending_).substr(0, pending_.size() - hold));
+  pending_.erase(0, pending_.size() - hold);
+  if (!ok) ended_ = true;
+  return ok;
+}
+
+void TextStream::finish() {
+  if (ended_) return;
+  pending_ += dec_->flush();
+  send(true);
+  ended_ = true;
+}
+
+// ---- TextSession ----
+
+TextSession::TextSession(std::shared_ptr<Backend> backend, SessionOptions opts, const Tokenizer& tok)
+    : tok_(tok), seq_(std::move(backend), std::move(opts)) {}
 
 TextSession::~TextSession() = default;
 
 void TextSession::reset() {
-  session_ = std::make_unique<Session>(model_, pool_, opts_);
-  tokens_.clear();
+  seq_.reset();
   last_logits_.clear();
 }
 
 PrefillStats TextSession::prefill(std::span<const int32_t> prompt,
                                   const std::function<void(int64_t, int64_t)>& progress) {
   if (prompt.empty()) throw Error("the prompt is empty");
-  const int64_t ctx = model_->config().max_positions;
+  const int64_t ctx = seq_.session().model().config().max_positions;
   if (static_cast<int64_t>(prompt.size()) >= ctx)
-    throw Error("the prompt has " + std::to_string(prompt.size()) +
-                " tokens; the model's context is " + std::to_string(ctx));
+    throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens; the model's context is " +
+                std::to_string(ctx));
   const auto t0 = Clock::now();
-  // Keep the common prefix, but always feed at least the last id: its
-  // logits are what the first sampled token needs.
-  size_t keep = 0;
-  while (keep < tokens_.size() && keep < prompt.size() && tokens_[keep] == prompt[keep]) ++keep;
-  keep = std::min(keep, prompt.size() - 1);
-  try {
-    session_->rollback(static_cast<int64_t>(keep));
-  } catch (const Error&) {
-    // A sliding window already dropped rows that far back: start over.
-    reset();
-    keep = 0;
-  }
-  tokens_.resize(keep);
-  session_->prompt_end(static_cast<int64_t>(prompt.size()));
+  const size_t keep = seq_.start(prompt, seq_.session().loops());
   PrefillStats st;
   st.reused = static_cast<int64_t>(keep);
   const int64_t total = static_cast<int64_t>(prompt.size() - keep);
-  const int64_t chunk = std::max(1, opts_.chunk);
+  Session& s = seq_.session();
   for (int64_t done = 0; done < total;) {
-    const int64_t n = std::min(chunk, total - done);
+    const int64_t n = std::min(std::max<int64_t>(1, s.options().chunk), total - done);
     auto part = prompt.subspan(keep + done, n);
     const bool last = done + n == total;
-    auto logits = session_->forward(part, last ? Logits::Last : Logits::None);
-    tokens_.insert(tokens_.end(), part.begin(), part.end());
+    auto logits = s.forward(part, last ? Logits::Last : Logits::None);
+    seq_.took(part);
     if (last) last_logits_ = std::move(logits);
     done += n;
     if (progress) progress(done, total);
@@ -85,40 +155,12 @@ GenerateStats TextSession::generate(Sampler& sampler, const GenerateParams& para
                                     const std::atomic<bool>* cancel) {
   if (last_logits_.empty()) throw Error("generate() needs a prompt first (prefill)");
   const auto t0 = Clock::now();
-  const DoryConfig& c = model_->config();
-  std::set<int32_t> eos;
-  for (int32_t id : tok_.eos_ids()) eos.insert(id);
-  for (int64_t id : c.eos_ids) eos.insert(static_cast<int32_t>(id));
-  for (int32_t id : tokens_) sampler.accept(id);
+  Session& s = seq_.session();
+  const DoryConfig& c = s.model().config();
+  for (int32_t id : seq_.tokens()) sampler.accept(id);
 
   GenerateStats st;
-  StreamDecoder dec(tok_);
-  std::string pending;  // decoded text not yet shown (it may start a stop string)
-  auto emit = [&](std::string_view s) { return !on_text || on_text(s); };
-  // Returns false when generation must end (stop string found or callback said so).
-  auto push_text = [&](std::string piece, bool final) {
-    pending += piece;
-    for (const std::string& s : params.stop) {
-      if (s.empty()) continue;
-      size_t at = pending.find(s);
-      if (at != std::string::npos) {
-        if (at) emit(std::string_view(pending).substr(0, at));
-        pending.clear();
-        st.stop_reason = "stop";
-        return false;
-      }
-    }
-    const size_t hold = final ? 0 : stop_holdback(pending, params.stop);
-    if (pending.size() > hold) {
-      if (!emit(std::string_view(pending).substr(0, pending.size() - hold))) {
-        st.stop_reason = "callback";
-        return false;
-      }
-      pending.erase(0, pending.size() - hold);
-    }
-    return true;
-  };
-
+  TextStream text(tok_, c, params.stop, params.ignore_eos, on_text);
   for (;;) {
     if (cancel && cancel->load()) {
       st.stop_reason = "cancelled";
@@ -128,22 +170,26 @@ GenerateStats TextSession::generate(Sampler& sampler, const GenerateParams& para
       st.stop_reason = "length";
       break;
     }
-    if (session_->position() >= c.max_positions) {
+    if (s.position() >= c.max_positions) {
       st.stop_reason = "context";
       break;
     }
     const int32_t id = sampler.sample(last_logits_.data(), c.vocab);
     sampler.accept(id);
-    if (!params.ignore_eos && eos.count(id)) {
+    const TextStream::Next next = text.push(id);
+    if (next == TextStream::Next::Eos) {
       st.stop_reason = "eos";
       break;
     }
     ++st.tokens;
-    if (!push_text(dec.push(id), false)) break;
-    last_logits_ = session_->forward({&id, 1}, Logits::Last);
-    tokens_.push_back(id);
+    if (next == TextStream::Next::Stop || next == TextStream::Next::Refused) {
+      st.stop_reason = next == TextStream::Next::Stop ? "stop" : "callback";
+      break;
+    }
+    last_logits_ = s.forward({&id, 1}, Logits::Last);
+    seq_.took({&id, 1});
   }
-  if (st.stop_reason != "stop" && st.stop_reason != "callback") push_text(dec.flush(), true);
+  text.finish();
   st.seconds = since(t0);
   return st;
 }

@@ -5,13 +5,11 @@
 #include <map>
 #include <memory>
 
-#include "model/forward_cpu.h"
+#include "backend/backend.h"
 #include "model/gate.h"
+#include "model/loop_plan.h"
 #include "model/turbo.h"
 #include "model/weights.h"
-#include "model/loop_plan.h"
-#include "runtime/kv_cache.h"
-#include "runtime/pool.h"
 
 namespace dory {
 
@@ -33,16 +31,12 @@ struct SessionState {
   int64_t pos = 0;
   std::map<int, std::vector<Step>> plans;  // whole-token plans by loop count
   std::vector<Step> plan_first, plan_rest, plan_out;  // the gate's pieces
-  // caches[layer][kv_loop]; kv_loop is the pass index for recurrent layers
-  // under per_loop, else 0. Created on first use.
-  std::vector<std::vector<std::unique_ptr<KvCache>>> caches;
-  Scratch scratch;
+  std::unique_ptr<SeqCaches> caches;  // on the session's backend
   ExitTracker tracker;
   GateStats gstats;
   std::vector<int> last_passes;
+  std::vector<int64_t> rows;  // scratch: the rows whose logits a pass reads
 
-  // The cache `layer` uses at recurrent pass `loop`, created on first use.
-  KvCache& cache_for(const DoryConfig& c, int layer, int loop);
   const std::vector<Step>& plan(const DoryConfig& c, int loops);
   // Passes a chunk of T rows runs (prompt_loops for chunks nobody reads).
   int chunk_loops(bool logits_wanted) const {
@@ -51,44 +45,18 @@ struct SessionState {
   bool gated(int64_t T, bool logits_wanted) const {
     return gate.kind != GateParams::Kind::Off && T == 1 && logits_wanted && loops >= 2;
   }
+  // Rows [r0, r1) as a list.
+  std::span<const int64_t> row_range(int64_t r0, int64_t r1) {
+    rows.resize(r1 - r0);
+    for (int64_t r = r0; r < r1; ++r) rows[r - r0] = r;
+    return rows;
+  }
 };
 
 const std::vector<Step>& SessionState::plan(const DoryConfig& c, int n) {
   auto it = plans.find(n);
-  if (it == plans.end()) it = plans.emplace(n, build_plan(c, n)).first;
+  if (it == plans.end()) it = plans.emplace(n, build_plan(c, kv, n)).first;
   return it->second;
-}
-
-KvCache& SessionState::cache_for(const DoryConfig& c, int layer, int loop) {
-  const int64_t ring = c.swa_window + opts.rewind_margin + opts.chunk;
-  const bool per_loop_slot = kv == KvMode::PerLoop && c.is_recurrent(layer);
-  const int kv_loop = per_loop_slot ? loop : 0;
-  auto& slots = caches[layer];
-  if (static_cast<int>(slots.size()) <= kv_loop) slots.resize(kv_loop + 1);
-  if (!slots[kv_loop]) {
-    // A loop index first used mid-sequence starts from the deepest pass
-    // that exists, so attention never sees a hole for earlier rows.
-    KvCache* seed = nullptr;
-    for (int l = kv_loop - 1; l >= 0 && !seed; --l) seed = slots[l].get();
-    if (seed && pos > 0) {
-      slots[kv_loop] = std::make_unique<KvCache>(*seed);
-    } else {
-      slots[kv_loop] = std::make_unique<KvCache>(c.n_kv_head * c.head_dim, c.is_sliding(layer) ? ring : 0);
-      if (!c.is_sliding(layer) && o1.on) {
-        KvCache& kc = *slots[kv_loop];
-        kc.enable_far(o1, c.n_head, c.n_kv_head, c.head_dim, o1.w + opts.rewind_margin + opts.chunk);
-        if (exact.on) {
-          // This layer's row of the weights: full layers in order.
-          int64_t idx = 0;
-          for (int l = 0; l < layer; ++l) idx += c.pattern[l] == '*';
-          const int64_t wn = 2 * c.n_kv_head;
-          kc.enable_exact(std::vector<float>(exact.weights.begin() + idx * wn, exact.weights.begin() + (idx + 1) * wn),
-                          exact.budget, exact.spill_dir, "L" + std::to_string(layer) + "-" + std::to_string(kv_loop));
-        }
-      }
-    }
-  }
-  return *slots[kv_loop];
 }
 
 namespace {
@@ -105,10 +73,11 @@ void check_ids(std::span<const int32_t> ids, int64_t vocab) {
 }
 }  // namespace
 
-Session::Session(std::shared_ptr<const Model> model, ThreadPool& pool, SessionOptions opts)
-    : model_(std::move(model)), pool_(pool), st_(std::make_unique<SessionState>()) {
-  const DoryConfig& c = model_->config();
-  const Turbo& turbo = model_->weights().turbo;
+Session::Session(std::shared_ptr<Backend> backend, SessionOptions opts)
+    : backend_(std::move(backend)), st_(std::make_unique<SessionState>()) {
+  if (!backend_) throw Error("a session needs a backend");
+  const DoryConfig& c = backend_->model().config();
+  const Turbo& turbo = backend_->model().weights().turbo;
   if (opts.chunk < 1 || opts.chunk > 4096)
     throw Error("chunk size " + std::to_string(opts.chunk) + " is out of range (1..4096)");
   if (opts.rewind_margin < 0) throw Error("rewind margin must not be negative");
@@ -172,18 +141,29 @@ Session::Session(std::shared_ptr<const Model> model, ThreadPool& pool, SessionOp
     S.recon_bias = g.bias.value_or(turbo.router.bias);
   }
   S.gate = g;
-  S.caches.resize(c.n_layer);
+  CacheSpec spec;
+  spec.kv = S.kv;
+  spec.rewind_margin = opts.rewind_margin;
+  spec.chunk = opts.chunk;
+  spec.o1 = S.o1;
+  spec.exact = S.exact;
+  S.caches = backend_->new_caches(spec);
   set_loops(opts.loops ? opts.loops : static_cast<int>(c.n_loops));
 }
 
 Session::~Session() = default;
 
+const Model& Session::model() const { return backend_->model(); }
+const SessionOptions& Session::options() const { return st_->opts; }
 int64_t Session::position() const { return st_->pos; }
 int Session::loops() const { return st_->loops; }
 KvMode Session::kv_mode() const { return st_->kv; }
 const GateParams& Session::gate() const { return st_->gate; }
 const O1Params& Session::o1() const { return st_->o1; }
 const ExactParams& Session::exact() const { return st_->exact; }
+int Session::prompt_loops() const { return st_->prompt_loops; }
+GateStats Session::gate_stats() const { return st_->gstats; }
+const std::vector<int>& Session::last_passes() const { return st_->last_passes; }
 
 void Session::prompt_end(int64_t end) {
   SessionState& S = *st_;
@@ -193,54 +173,56 @@ void Session::prompt_end(int64_t end) {
   S.prompt_end = end;
 }
 
-void Session::rebuild_exact() {
-  SessionState& S = *st_;
-  bool any = false;
-  for (const auto& per_layer : S.caches)
-    for (const auto& kc : per_layer) any |= kc && kc->has_store();
-  // No slot has sealed yet: the rebuild waits for the first that does (within this prompt).
-  if (!any && S.pos < S.prompt_end) return;
-  S.rebuild_at = -1;
-  for (auto& per_layer : S.caches)
-    for (auto& kc : per_layer) {
-      if (!kc || !kc->has_store()) continue;
-      std::string why;
-      if (!kc->rebuild_exact(&why) && !S.warned) {
-        std::fprintf(stderr, "warning: exact rows: %s; the far field goes on as first sealed\n", why.c_str());
-        S.warned = true;
-      }
-    }
+int64_t Session::next_rows() const {
+  const SessionState& S = *st_;
+  int64_t n = S.opts.chunk;
+  if (S.rebuild_at > S.pos) n = std::min(n, S.rebuild_at - S.pos);
+  return n;
 }
-int Session::prompt_loops() const { return st_->prompt_loops; }
-GateStats Session::gate_stats() const { return st_->gstats; }
-const std::vector<int>& Session::last_passes() const { return st_->last_passes; }
+
+// A pending rebuild of the far fields (exact rows) happens at its position.
+void Session::rebuild_if_due() {
+  SessionState& S = *st_;
+  if (S.rebuild_at < 0 || S.pos < S.rebuild_at) return;
+  // No slot has sealed yet: the rebuild waits for the first that does (within this prompt).
+  if (!S.caches->exact_waiting() && S.pos < S.prompt_end) return;
+  S.rebuild_at = -1;
+  const std::string why = S.caches->rebuild_exact();
+  if (!why.empty() && !S.warned) {
+    std::fprintf(stderr, "warning: exact rows: %s; the far field goes on as first sealed\n", why.c_str());
+    S.warned = true;
+  }
+}
 
 void Session::set_loops(int loops) {
   check_loops(loops);
   SessionState& S = *st_;
-  const DoryConfig& c = model_->config();
+  const DoryConfig& c = backend_->model().config();
   S.loops = loops;
-  S.plan_first = build_plan(c, 1, 0, true, false);
-  S.plan_rest = build_plan(c, loops, 1, false, false);
-  S.plan_out = build_plan(c, 0, 0, false, true);
+  S.plan_first = build_plan(c, S.kv, 1, 0, true, false);
+  S.plan_rest = build_plan(c, S.kv, loops, 1, false, false);
+  S.plan_out = build_plan(c, S.kv, 0, 0, false, true);
 }
 
-KvBytes Session::kv_bytes_split() const {
-  KvBytes b;
-  for (const auto& per_layer : st_->caches)
-    for (const auto& kc : per_layer)
-      if (kc) {
-        b.far += kc->far_bytes();
-        b.exact += kc->bytes() - kc->far_bytes();
-      }
-  return b;
-}
+KvBytes Session::kv_bytes_split() const { return st_->caches->bytes(); }
 
 uint64_t Session::kv_bytes() const { return kv_bytes_split().total(); }
 
+// One pass of `plan` over ids at the current position (the position does not move here).
+void Session::run_pass(std::span<const int32_t> ids, const std::vector<Step>& plan, int64_t logit_row0,
+                       float* logits) {
+  SessionState& S = *st_;
+  SeqCaches* one = S.caches.get();
+  S.caches->prepare(plan, S.pos);
+  Backend& be = *backend_;
+  be.begin(PassRows{ids, S.pos, {}, {}, std::span<SeqCaches* const>(&one, 1)});
+  be.steps(plan);
+  const int64_t T = static_cast<int64_t>(ids.size());
+  if (logit_row0 < T) be.logits(S.row_range(logit_row0, T), logits);
+}
+
 std::vector<float> Session::forward(std::span<const int32_t> ids, Logits want) {
-  const DoryConfig& c = model_->config();
-  const Weights& w = model_->weights();
+  const DoryConfig& c = backend_->model().config();
   check_ids(ids, c.vocab);
   const int64_t n = static_cast<int64_t>(ids.size());
   std::vector<float> logits;
@@ -250,13 +232,9 @@ std::vector<float> Session::forward(std::span<const int32_t> ids, Logits want) {
   const int64_t V = c.vocab;
   logits.resize(want == Logits::All ? n * V : want == Logits::Last ? V : 0);
 
-  CacheFor cache_for = [&](int layer, int loop) -> KvCache& { return S.cache_for(c, layer, loop); };
-
   for (int64_t b = 0, T; b < n; b += T) {
-    // A pending rebuild of the far fields (exact rows) happens at its position.
-    if (S.rebuild_at >= 0 && S.pos >= S.rebuild_at) rebuild_exact();
-    T = std::min<int64_t>(S.opts.chunk, n - b);
-    if (S.rebuild_at > S.pos) T = std::min(T, S.rebuild_at - S.pos);
+    rebuild_if_due();
+    T = std::min<int64_t>(next_rows(), n - b);
     const bool last_chunk = b + T == n;
     int64_t row0 = T;
     float* out = nullptr;
@@ -267,13 +245,13 @@ std::vector<float> Session::forward(std::span<const int32_t> ids, Logits want) {
       row0 = T - 1;
       out = logits.data();
     }
-    ChunkArgs a{ids.data() + b, T, S.pos};
+    auto part = ids.subspan(b, T);
     int passes;
     if (S.gated(T, row0 < T)) {
-      passes = gated_token(a, out);
+      passes = gated_token(part, out);
     } else {
       passes = S.chunk_loops(row0 < T);
-      forward_chunk(w, pool_, S.scratch, a, S.plan(c, passes), cache_for, row0, out);
+      run_pass(part, S.plan(c, passes), row0, out);
     }
     std::fill_n(S.last_passes.begin() + b, T, passes);
     S.pos += T;
@@ -283,8 +261,7 @@ std::vector<float> Session::forward(std::span<const int32_t> ids, Logits want) {
 
 ProbeRows Session::probe(std::span<const int32_t> ids) {
   SessionState& S = *st_;
-  const DoryConfig& c = model_->config();
-  const Weights& w = model_->weights();
+  const DoryConfig& c = backend_->model().config();
   if (S.kv != KvMode::LastLoop) throw Error("probe: needs --kv last_loop");
   check_ids(ids, c.vocab);
   const int64_t n = static_cast<int64_t>(ids.size()), H = c.hidden, V = c.vocab;
@@ -294,65 +271,56 @@ ProbeRows Session::probe(std::span<const int32_t> ids) {
   out.top1.resize(n);
   out.top_all.resize(n);
   out.p1.resize(n);
-  CacheFor cache_for = [&](int layer, int loop) -> KvCache& { return S.cache_for(c, layer, loop); };
   std::vector<float> logits;
-  auto argmax = [&](const float* l) {
-    return static_cast<int32_t>(std::max_element(l, l + V) - l);
-  };
+  auto argmax = [&](const float* l) { return static_cast<int32_t>(std::max_element(l, l + V) - l); };
+  Backend& be = *backend_;
+  SeqCaches* one = S.caches.get();
   for (int64_t b = 0; b < n; b += S.opts.chunk) {
     const int64_t T = std::min<int64_t>(S.opts.chunk, n - b);
-    ChunkArgs a{ids.data() + b, T, S.pos};
-    Scratch& s = S.scratch;
     logits.resize(T * V);
-    forward_begin(w, s, a);
-    forward_steps(w, pool_, s, a, S.plan_first, cache_for);
-    std::copy_n(s.state.data(), T * H, out.state1.data() + b * H);
-    forward_steps(w, pool_, s, a, S.plan_out, cache_for);
-    forward_head(w, pool_, s, a, 0, logits.data());
+    for (const auto* plan : {&S.plan_first, &S.plan_out, &S.plan_rest}) S.caches->prepare(*plan, S.pos);
+    be.begin(PassRows{ids.subspan(b, T), S.pos, {}, {}, std::span<SeqCaches* const>(&one, 1)});
+    be.steps(S.plan_first);
+    const auto all = S.row_range(0, T);
+    be.state(all, out.state1.data() + b * H);
+    be.steps(S.plan_out);
+    be.logits(all, logits.data());
     for (int64_t t = 0; t < T; ++t) {
       out.top1[b + t] = argmax(logits.data() + t * V);
       out.p1[b + t] = static_cast<float>(top_probability(logits.data() + t * V, V));
     }
-    forward_steps(w, pool_, s, a, S.plan_rest, cache_for);
-    forward_steps(w, pool_, s, a, S.plan_out, cache_for);
-    forward_head(w, pool_, s, a, 0, logits.data());
+    be.steps(S.plan_rest);
+    be.steps(S.plan_out);
+    be.logits(all, logits.data());
     for (int64_t t = 0; t < T; ++t) out.top_all[b + t] = argmax(logits.data() + t * V);
     S.pos += T;
   }
   return out;
 }
 
-std::vector<SlotFeatures> Session::exact_features() {
-  std::vector<SlotFeatures> out;
-  for (size_t layer = 0; layer < st_->caches.size(); ++layer)
-    for (size_t loop = 0; loop < st_->caches[layer].size(); ++loop) {
-      KvCache* kc = st_->caches[layer][loop].get();
-      if (!kc || !kc->has_store()) continue;
-      SlotFeatures f;
-      f.layer = static_cast<int>(layer);
-      f.loop = static_cast<int>(loop);
-      if (kc->exact_features(&f.lo, &f.hi, &f.f)) out.push_back(std::move(f));
-    }
-  return out;
-}
+std::vector<SlotFeatures> Session::exact_features() { return st_->caches->exact_features(); }
 
-int Session::gated_token(const ChunkArgs& a, float* logits) {
+int Session::gated_token(std::span<const int32_t> ids, float* logits) {
   SessionState& S = *st_;
-  const DoryConfig& c = model_->config();
-  const Weights& w = model_->weights();
-  Scratch& s = S.scratch;
-  CacheFor cache_for = [&](int layer, int loop) -> KvCache& { return S.cache_for(c, layer, loop); };
+  const DoryConfig& c = backend_->model().config();
+  Backend& be = *backend_;
+  SeqCaches* one = S.caches.get();
+  for (const auto* plan : {&S.plan_first, &S.plan_rest, &S.plan_out}) S.caches->prepare(*plan, S.pos);
+  const auto row = S.row_range(0, 1);
   auto finish = [&] {  // the output block and the head on the current state
-    forward_steps(w, pool_, s, a, S.plan_out, cache_for);
-    forward_head(w, pool_, s, a, 0, logits);
+    be.steps(S.plan_out);
+    be.logits(row, logits);
   };
-  forward_begin(w, s, a);
-  forward_steps(w, pool_, s, a, S.plan_first, cache_for);
+  be.begin(PassRows{ids, S.pos, {}, {}, std::span<SeqCaches* const>(&one, 1)});
+  be.steps(S.plan_first);
   ++S.gstats.gated;
-  bool one = false;
+  bool one_pass = false;
   if (S.gate.kind == GateParams::Kind::Recon) {
-    one = S.router->score(s.state.data()) >= S.recon_bias;  // no read-out needed to decide
-    if (!one) forward_steps(w, pool_, s, a, S.plan_rest, cache_for);
+    // No read-out needed to decide: H floats of state cross from the backend.
+    std::vector<float> state(c.hidden);
+    be.state(row, state.data());
+    one_pass = S.router->score(state.data()) >= S.recon_bias;
+    if (!one_pass) be.steps(S.plan_rest);
     finish();
   } else {
     bool probe = false;
@@ -360,17 +328,17 @@ int Session::gated_token(const ChunkArgs& a, float* logits) {
       ++S.gstats.readouts;
       S.gstats.probes += probe;
       finish();
-      one = top_probability(logits, c.vocab) >= S.gate.theta;
-      S.tracker.record(one);
+      one_pass = top_probability(logits, c.vocab) >= S.gate.theta;
+      S.tracker.record(one_pass);
     }
-    if (!one) {
+    if (!one_pass) {
       // The second read-out rewrites the output block's rows of this position.
-      forward_steps(w, pool_, s, a, S.plan_rest, cache_for);
+      be.steps(S.plan_rest);
       finish();
     }
   }
-  S.gstats.one_pass += one;
-  return one ? 1 : S.loops;
+  S.gstats.one_pass += one_pass;
+  return one_pass ? 1 : S.loops;
 }
 
 void Session::forward_batch(std::span<BatchEntry> entries) {
@@ -381,70 +349,71 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
     if (!e.session) throw Error("forward_batch: an entry has no session");
     if (e.ids.empty()) continue;
     Session& s = *e.session;
-    if (!live.empty()) {
-      const Session& first = *live.front()->session;
-      if (s.model_ != first.model_ || &s.pool_ != &first.pool_)
-        throw Error("forward_batch: the sessions must share one model and one thread pool");
-    }
+    if (!live.empty() && s.backend_ != live.front()->session->backend_)
+      throw Error("forward_batch: the sessions must share one backend");
     for (const BatchEntry* o : live)
       if (o->session == e.session) throw Error("forward_batch: a session appears twice");
     // Sliding caches are rings sized for one chunk beyond the window.
     if (static_cast<int64_t>(e.ids.size()) > s.st_->opts.chunk)
       throw Error("forward_batch: " + std::to_string(e.ids.size()) +
                   " ids for one session exceed its chunk size " + std::to_string(s.st_->opts.chunk));
-    check_ids(e.ids, s.model_->config().vocab);
+    check_ids(e.ids, s.model().config().vocab);
     live.push_back(&e);
   }
   if (live.empty()) return;
-  const Model& model = *live.front()->session->model_;
-  const DoryConfig& c = model.config();
+  Backend& be = *live.front()->session->backend_;
+  const DoryConfig& c = be.model().config();
   const int64_t V = c.vocab;
-  ThreadPool& pool = live.front()->session->pool_;
 
-  // A gated decode token decides its passes on its own: it runs alone.
   auto wants = [](const BatchEntry& e) { return e.want != Logits::None; };
   std::vector<bool> done(live.size(), false);
   for (size_t i = 0; i < live.size(); ++i) {
     BatchEntry& e = *live[i];
-    if (!e.session->st_->gated(static_cast<int64_t>(e.ids.size()), wants(e))) continue;
-    e.logits = e.session->forward(e.ids, e.want);
+    Session& s = *e.session;
+    s.rebuild_if_due();
+    // A gated decode token decides its passes on its own, and rows that reach a
+    // pending rebuild point must stop there (forward() cuts them): both run alone.
+    const int64_t n = static_cast<int64_t>(e.ids.size());
+    if (!s.st_->gated(n, wants(e)) && n <= s.next_rows()) continue;
+    e.logits = s.forward(e.ids, e.want);
     done[i] = true;
   }
-  // Sessions running the same number of passes share a plan, so they share one pass.
+  // Sessions running the same number of passes with the same cache mode share a plan, so
+  // they share one pass.
   auto passes = [&](const BatchEntry& e) { return e.session->st_->chunk_loops(wants(e)); };
   for (size_t g = 0; g < live.size(); ++g) {
     if (done[g]) continue;
     const int loops = passes(*live[g]);
+    const KvMode kv = live[g]->session->st_->kv;
     std::vector<BatchEntry*> group;
     for (size_t i = g; i < live.size(); ++i)
-      if (!done[i] && passes(*live[i]) == loops) {
+      if (!done[i] && passes(*live[i]) == loops && live[i]->session->st_->kv == kv) {
         group.push_back(live[i]);
         done[i] = true;
       }
     std::vector<int32_t> ids;
     std::vector<int64_t> pos, logit_rows;
     std::vector<int32_t> seq;
+    std::vector<SeqCaches*> caches;
+    const std::vector<Step>& plan = group.front()->session->st_->plan(c, loops);
     for (size_t k = 0; k < group.size(); ++k) {
       const BatchEntry& e = *group[k];
-      const int64_t p0 = e.session->st_->pos, n = static_cast<int64_t>(e.ids.size());
+      SessionState& S = *e.session->st_;
+      const int64_t p0 = S.pos, n = static_cast<int64_t>(e.ids.size());
       const int64_t row0 = static_cast<int64_t>(ids.size());
+      S.caches->prepare(plan, p0);
+      caches.push_back(S.caches.get());
       for (int64_t i = 0; i < n; ++i) {
         ids.push_back(e.ids[i]);
         pos.push_back(p0 + i);
         seq.push_back(static_cast<int32_t>(k));
-        if (e.want == Logits::All || (e.want == Logits::Last && i == n - 1))
-          logit_rows.push_back(row0 + i);
+        if (e.want == Logits::All || (e.want == Logits::Last && i == n - 1)) logit_rows.push_back(row0 + i);
       }
     }
     std::vector<float> logits(logit_rows.size() * V);
-    ChunkArgs a{ids.data(), static_cast<int64_t>(ids.size()), 0, pos.data(), seq.data()};
-    SeqCacheFor cache_for = [&](int k, int layer, int loop) -> KvCache& {
-      return group[k]->session->st_->cache_for(c, layer, loop);
-    };
-    // The first session's scratch serves the whole pass (none of them runs alone meanwhile).
-    SessionState& S0 = *group.front()->session->st_;
-    forward_rows(model.weights(), pool, S0.scratch, a, static_cast<int>(group.size()), S0.plan(c, loops),
-                 cache_for, logit_rows, logits.data());
+    be.begin(PassRows{ids, 0, pos, seq, caches});
+    be.steps(plan);
+    be.logits(logit_rows, logits.data());
     size_t r = 0;
     for (BatchEntry* e : group) {
       const int64_t n = static_cast<int64_t>(e->ids.size());
@@ -459,27 +428,11 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
 
 void Session::rollback(int64_t n) {
   SessionState& S = *st_;
-  const DoryConfig& c = model_->config();
   if (n < 0 || n > S.pos)
-    throw Error("rollback to position " + std::to_string(n) + " is outside 0.." +
-                std::to_string(S.pos));
-  // Check every cache first so a refused rollback changes nothing.
-  for (int64_t layer = 0; layer < c.n_layer; ++layer)
-    for (const auto& kc : S.caches[layer]) {
-      if (!kc) continue;
-      const int64_t floor = kc->rollback_floor(c.swa_window);
-      if (n >= floor) continue;
-      if (kc->far())
-        throw Error("cannot roll back to position " + std::to_string(n) + ": layer " + std::to_string(layer) +
-                    " holds rows before position " + std::to_string(floor) +
-                    " only in its far field (start a new session)");
-      throw Error("cannot roll back to position " + std::to_string(n) + ": layer " +
-                  std::to_string(layer) + " keeps its sliding window only from position " +
-                  std::to_string(floor) + " on (raise the rewind margin, or start a new session)");
-    }
-  for (auto& per_layer : S.caches)
-    for (auto& kc : per_layer)
-      if (kc) kc->truncate(n);
+    throw Error("rollback to position " + std::to_string(n) + " is outside 0.." + std::to_string(S.pos));
+  // Checked first, so a refused rollback changes nothing.
+  S.caches->check_rollback(n);
+  S.caches->truncate(n);
   S.pos = n;
 }
 

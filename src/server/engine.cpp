@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "backend/backend.h"
 #include "text/tokenizer.h"
 
 namespace dory::server {
@@ -32,9 +33,7 @@ void Job::push(JobEvent e) {
 
 struct Engine::Slot {
   int id = 0;
-  std::unique_ptr<Session> session;
-  std::vector<int32_t> tokens;  // the ids whose rows the KV cache holds
-  int tokens_loops = 0;         // the loop count those rows were computed with
+  std::unique_ptr<Sequence> seq;
   uint64_t last_used = 0;
 
   std::shared_ptr<Job> job;  // null: idle
@@ -42,28 +41,24 @@ struct Engine::Slot {
   size_t fed = 0;            // prompt ids in the cache so far
   int32_t next_id = 0;       // decoding: the id to feed next
   std::optional<Sampler> sampler;
-  std::optional<StreamDecoder> dec;
-  std::string pending;  // decoded text held back: it may start a stop string
-  bool hit_stop_string = false;
+  std::optional<TextStream> text;
   JobResult result;
   Clock::time_point t_assigned, t_prompt_done;
 };
 
-Engine::Engine(std::shared_ptr<const Model> model, const Tokenizer& tok, EngineOptions opts)
-    : model_(std::move(model)), tok_(tok), opts_(opts), pool_(opts.threads), t0_(Clock::now()) {
-  const DoryConfig& c = model_->config();
+Engine::Engine(std::shared_ptr<Backend> backend, const Tokenizer& tok, EngineOptions opts)
+    : backend_(std::move(backend)), tok_(tok), opts_(opts), t0_(Clock::now()) {
+  const DoryConfig& c = backend_->model().config();
   if (opts_.slots < 1) throw Error("--parallel must be at least 1");
   if (opts_.ctx <= 0 || opts_.ctx > c.max_positions) opts_.ctx = c.max_positions;
   if (opts_.prefill_rows <= 0) opts_.prefill_rows = opts_.session.chunk;
   for (int i = 0; i < opts_.slots; ++i) {
     auto s = std::make_unique<Slot>();
     s->id = i;
-    s->session = std::make_unique<Session>(model_, pool_, opts_.session);
-    s->tokens_loops = s->session->loops();
+    s->seq = std::make_unique<Sequence>(backend_, opts_.session);
     slots_.push_back(std::move(s));
   }
-  for (int32_t id : tok_.eos_ids()) eos_.push_back(id);
-  for (int64_t id : c.eos_ids) eos_.push_back(static_cast<int32_t>(id));
+  default_loops_ = slots_[0]->seq->session().loops();
   stats_.slots = opts_.slots;
   thread_ = std::thread([this] { run(); });
 }
@@ -133,7 +128,7 @@ void Engine::run() {
       while (!queue_.empty()) {
         std::shared_ptr<Job>& job = queue_.front();
         const auto& prompt = job->spec().prompt;
-        const int loops = job->spec().loops ? job->spec().loops : slots_[0]->session->loops();
+        const int loops = job->spec().loops ? job->spec().loops : default_loops();
         Slot* best = nullptr;
         size_t best_lcp = 0;
         for (auto& s : slots_) {
@@ -141,9 +136,7 @@ void Engine::run() {
           bool taken = false;
           for (auto& st : starting) taken |= st.first == s.get();
           if (taken) continue;
-          size_t lcp = 0;
-          if (s->tokens_loops == loops)
-            while (lcp < s->tokens.size() && lcp < prompt.size() && s->tokens[lcp] == prompt[lcp]) ++lcp;
+          const size_t lcp = s->seq->reusable(prompt, loops);
           if (!best || lcp > best_lcp || (lcp == best_lcp && s->last_used < best->last_used)) {
             best = s.get();
             best_lcp = lcp;
@@ -183,7 +176,7 @@ void Engine::run() {
 
 void Engine::assign(Slot& s, std::shared_ptr<Job> job) {
   const JobSpec& spec = job->spec();
-  const int loops = spec.loops ? spec.loops : slots_[0]->session->loops();
+  const int loops = spec.loops ? spec.loops : default_loops();
   s.job = std::move(job);
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -194,31 +187,17 @@ void Engine::assign(Slot& s, std::shared_ptr<Job> job) {
   s.result.slot = s.id;
   s.result.prompt_tokens = static_cast<int64_t>(spec.prompt.size());
   s.result.queue_ms = ms_between(s.job->submitted_, s.t_assigned);
-  // Keep the common prefix (computed with the same loop count), but feed at
-  // least the last prompt id: its logits give the first token.
-  size_t keep = 0;
-  if (s.tokens_loops == loops)
-    while (keep < s.tokens.size() && keep < spec.prompt.size() && s.tokens[keep] == spec.prompt[keep])
-      ++keep;
-  keep = std::min(keep, spec.prompt.size() - 1);
-  try {
-    s.session->rollback(static_cast<int64_t>(keep));
-  } catch (const Error&) {
-    // A sliding window already dropped rows that far back: start over.
-    s.session = std::make_unique<Session>(model_, pool_, opts_.session);
-    keep = 0;
-  }
-  if (s.session->loops() != loops) s.session->set_loops(loops);
-  s.tokens.resize(keep);
-  s.tokens_loops = loops;
+  const size_t keep = s.seq->start(spec.prompt, loops);
   s.fed = keep;
   s.decoding = false;
   s.result.cached_tokens = static_cast<int64_t>(keep);
   s.sampler.emplace(spec.sampling);
   for (int32_t id : spec.prompt) s.sampler->accept(id);
-  s.dec.emplace(tok_);
-  s.pending.clear();
-  s.hit_stop_string = false;
+  Job* j = s.job.get();
+  s.text.emplace(tok_, backend_->model().config(), spec.stop, spec.ignore_eos, [j](std::string_view piece) {
+    j->push({JobEvent::Kind::Text, std::string(piece), {}});
+    return true;
+  });
   std::lock_guard<std::mutex> lk(mu_);
   stats_.cached_tokens += static_cast<int64_t>(keep);
 }
@@ -230,7 +209,7 @@ bool Engine::step() {
   int64_t budget = opts_.prefill_rows, prompt_rows = 0, decode_rows = 0;
   for (auto& s : slots_)
     if (s->job && s->decoding) {
-      entries.push_back({s->session.get(), std::span<const int32_t>(&s->next_id, 1), Logits::Last, {}});
+      entries.push_back({&s->seq->session(), std::span<const int32_t>(&s->next_id, 1), Logits::Last, {}});
       owner.push_back(s.get());
       ++decode_rows;
     }
@@ -243,10 +222,11 @@ bool Engine::step() {
   for (Slot* s : reading) {
     if (budget <= 0) break;
     const auto& prompt = s->job->spec().prompt;
+    // At most what the session takes in one pass (its chunk, cut at an exact-row rebuild point).
     const int64_t n = std::min<int64_t>({budget, static_cast<int64_t>(prompt.size() - s->fed),
-                                         static_cast<int64_t>(opts_.session.chunk)});
+                                         s->seq->session().next_rows()});
     const bool last = s->fed + n == prompt.size();
-    entries.push_back({s->session.get(), std::span<const int32_t>(prompt.data() + s->fed, n),
+    entries.push_back({&s->seq->session(), std::span<const int32_t>(prompt.data() + s->fed, n),
                        last ? Logits::Last : Logits::None, {}});
     owner.push_back(s);
     budget -= n;
@@ -280,7 +260,7 @@ bool Engine::step() {
   std::vector<size_t> drawing;
   for (size_t i = 0; i < entries.size(); ++i) {
     Slot& s = *owner[i];
-    s.tokens.insert(s.tokens.end(), entries[i].ids.begin(), entries[i].ids.end());
+    s.seq->took(entries[i].ids);
     if (!s.decoding) {
       s.fed += entries[i].ids.size();
       if (s.fed < s.job->spec().prompt.size()) continue;
@@ -294,8 +274,8 @@ bool Engine::step() {
   }
   std::vector<int32_t> drawn(entries.size(), -1);
   std::vector<std::string> errors(entries.size());
-  const int64_t V = model_->config().vocab;
-  pool_.run(static_cast<int64_t>(drawing.size()), [&](int64_t k) {
+  const int64_t V = backend_->model().config().vocab;
+  backend_->host_parallel(static_cast<int64_t>(drawing.size()), [&](int64_t k) {
     const size_t i = drawing[k];
     try {
       drawn[i] = owner[i]->sampler->sample(entries[i].logits.data(), V);
@@ -308,7 +288,7 @@ bool Engine::step() {
     else take_token(*owner[i], drawn[i]);
   }
   uint64_t kv = 0;
-  for (auto& s : slots_) kv += s->session->kv_bytes();
+  for (auto& s : slots_) kv += s->seq->session().kv_bytes();
   std::lock_guard<std::mutex> lk(mu_);
   stats_.kv_bytes = kv;
   return true;
@@ -318,7 +298,8 @@ bool Engine::step() {
 void Engine::take_token(Slot& s, int32_t id) {
   const JobSpec& spec = s.job->spec();
   s.sampler->accept(id);
-  if (!spec.ignore_eos && std::find(eos_.begin(), eos_.end(), id) != eos_.end()) return finish(s, "stop");
+  const TextStream::Next next = s.text->push(id);
+  if (next == TextStream::Next::Eos) return finish(s, "stop");
   ++s.result.completion_tokens;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -329,45 +310,22 @@ void Engine::take_token(Slot& s, int32_t id) {
     if (b.second != sec) b = Bucket{sec, 0, 0};
     ++b.gen;
   }
-  if (!push_text(s, s.dec->push(id), false)) {
-    s.hit_stop_string = true;
-    return finish(s, "stop");
-  }
+  if (next != TextStream::Next::More) return finish(s, "stop");
   if (spec.max_tokens >= 0 && s.result.completion_tokens >= spec.max_tokens) return finish(s, "length");
   // This token takes the last position: nothing after it would fit.
-  if (s.session->position() + 1 >= opts_.ctx) return finish(s, "length");
+  if (s.seq->session().position() + 1 >= opts_.ctx) return finish(s, "length");
   s.next_id = id;
-}
-
-// Adds decoded text; sends what can no longer be part of a stop string.
-// Returns false when a stop string was found (the text before it was sent).
-bool Engine::push_text(Slot& s, const std::string& piece, bool final) {
-  s.pending += piece;
-  const auto& stops = s.job->spec().stop;
-  size_t cut = std::string::npos;
-  for (const std::string& st : stops)
-    if (!st.empty()) cut = std::min(cut, s.pending.find(st));
-  if (cut != std::string::npos) {
-    if (cut) s.job->push({JobEvent::Kind::Text, s.pending.substr(0, cut), {}});
-    s.pending.clear();
-    return false;
-  }
-  const size_t hold = final ? 0 : stop_holdback(s.pending, stops);
-  if (s.pending.size() > hold) {
-    s.job->push({JobEvent::Kind::Text, s.pending.substr(0, s.pending.size() - hold), {}});
-    s.pending.erase(0, s.pending.size() - hold);
-  }
-  return true;
 }
 
 void Engine::finish(Slot& s, const std::string& reason) {
   // A stop string ends the text where it starts; otherwise what is held back goes out.
-  if (reason != "cancelled" && !s.hit_stop_string) push_text(s, s.dec->flush(), true);
+  if (reason != "cancelled") s.text->finish();
   const auto now = Clock::now();
   s.result.finish_reason = reason;
   s.result.gen_ms = s.decoding ? ms_between(s.t_prompt_done, now) : 0;
   s.job->push({JobEvent::Kind::Done, {}, s.result});
   s.job.reset();
+  s.text.reset();
   s.decoding = false;
   s.last_used = ++use_counter_;
   std::lock_guard<std::mutex> lk(mu_);
@@ -381,10 +339,10 @@ void Engine::fail(Slot& s, const std::string& message) {
   e.result.finish_reason = "error";
   s.job->push(std::move(e));
   s.job.reset();
+  s.text.reset();
   s.decoding = false;
   // The cache may hold half a step: start this slot over.
-  s.session = std::make_unique<Session>(model_, pool_, opts_.session);
-  s.tokens.clear();
+  s.seq->reset();
   s.last_used = ++use_counter_;
   std::lock_guard<std::mutex> lk(mu_);
   --stats_.busy;

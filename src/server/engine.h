@@ -1,5 +1,7 @@
-// The server's generation engine: a fixed set of slots (one Session and KV
-// cache each) and one thread that runs them all with continuous batching.
+// The server's generation engine: a fixed set of slots (one Sequence each: a session and
+// the ids its caches hold) and one thread that runs them all with continuous batching.
+// Prefix reuse, the prompt's end, stop strings and end-of-text are the generation path's
+// (dory/generate.h: Sequence, TextStream), as for dory run and dory chat.
 //
 // Every step of the loop makes one batched forward (Session::forward_batch):
 // the next token of every decoding slot plus up to `prefill_rows` prompt rows
@@ -21,7 +23,6 @@
 
 #include "dory/generate.h"
 #include "dory/session.h"
-#include "runtime/pool.h"
 #include "runtime/sampler.h"
 
 namespace dory {
@@ -80,7 +81,6 @@ class Job {
 
 struct EngineOptions {
   int slots = 4;
-  int threads = 1;
   int64_t ctx = 0;            // positions per slot (<= the model's)
   SessionOptions session;     // loops, kv mode, chunk
   int prefill_rows = 0;       // prompt rows per step, all slots together; 0 = the chunk size
@@ -99,7 +99,8 @@ struct EngineStats {
 
 class Engine {
  public:
-  Engine(std::shared_ptr<const Model> model, const Tokenizer& tok, EngineOptions opts);
+  // The slots' sessions live on `backend` (which holds the model and the host threads).
+  Engine(std::shared_ptr<Backend> backend, const Tokenizer& tok, EngineOptions opts);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -118,17 +119,16 @@ class Engine {
   void assign(Slot& slot, std::shared_ptr<Job> job);
   bool step();
   void take_token(Slot& slot, int32_t id);
-  bool push_text(Slot& slot, const std::string& piece, bool final);
   void finish(Slot& slot, const std::string& reason);
   void fail(Slot& slot, const std::string& message);
+  int default_loops() const { return default_loops_; }
 
-  std::shared_ptr<const Model> model_;
+  std::shared_ptr<Backend> backend_;
   const Tokenizer& tok_;
   EngineOptions opts_;
-  ThreadPool pool_;
   std::vector<std::unique_ptr<Slot>> slots_;
-  std::vector<int32_t> eos_;
   uint64_t use_counter_ = 0;
+  int default_loops_ = 0;  // the loop count of a request that names none
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

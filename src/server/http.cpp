@@ -1,5 +1,7 @@
 #include "server/http.h"
 
+#include "backend/backend.h"
+
 #include <httplib.h>
 
 #include <atomic>
@@ -117,14 +119,14 @@ void HttpServer::start() {
   });
 }
 
-void HttpServer::ready(std::shared_ptr<const Model> model, std::unique_ptr<Tokenizer> tok,
+void HttpServer::ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokenizer> tok,
                        const std::string& chat_template, const EngineOptions& eo,
                        const RequestDefaults& rd) {
   Impl& m = *impl_;
-  m.model = std::move(model);
+  m.model = backend->model_ptr();
   m.tok = std::move(tok);
   m.tmpl = std::make_unique<ChatTemplate>(chat_template);
-  m.engine = std::make_unique<Engine>(m.model, *m.tok, eo);
+  m.engine = std::make_unique<Engine>(std::move(backend), *m.tok, eo);
   m.api.tok = m.tok.get();
   m.api.tmpl = m.tmpl.get();
   m.api.tmpl_mu = &m.tmpl_mu;

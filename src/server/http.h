@@ -53,7 +53,7 @@ class HttpServer {
   // Serves in a background thread (503 for everything until ready()).
   void start();
   // The model is loaded: starts the engine and serves requests.
-  void ready(std::shared_ptr<const Model> model, std::unique_ptr<Tokenizer> tok,
+  void ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokenizer> tok,
              const std::string& chat_template, const EngineOptions& eo, const RequestDefaults& rd);
   // Ends every request, stops the engine and the listener; idempotent.
   void stop();

@@ -8,7 +8,6 @@
 #include <random>
 
 #include "dory/session.h"
-#include "runtime/pool.h"
 #include "tiny_model.h"
 
 using namespace dory;
@@ -39,7 +38,7 @@ constexpr float kTol = 1e-4f;
 // sliding window, so ring caches wrap), decoded together step by step, give
 // each session's own logits.
 TEST(Batch, DecodeOfKSessionsEqualsEachDecodedAlone) {
-  ThreadPool pool(2);
+  auto pool = fixture::cpu(2);
   for (KvMode kv : {KvMode::PerLoop, KvMode::LastLoop}) {
     SessionOptions o;
     o.kv = kv;
@@ -48,8 +47,8 @@ TEST(Batch, DecodeOfKSessionsEqualsEachDecodedAlone) {
     const int K = 4;
     std::vector<std::unique_ptr<Session>> batched, alone;
     for (int k = 0; k < K; ++k) {
-      batched.push_back(std::make_unique<Session>(tiny(), pool, o));
-      alone.push_back(std::make_unique<Session>(tiny(), pool, o));
+      batched.push_back(std::make_unique<Session>(pool, o));
+      alone.push_back(std::make_unique<Session>(pool, o));
       const auto p = ids(lens[k], 10 + k);
       batched[k]->forward(p, Logits::None);
       alone[k]->forward(p, Logits::None);
@@ -80,8 +79,8 @@ TEST(Batch, DecodeOfKSessionsEqualsEachDecodedAlone) {
 // A batch of one is the single-session path itself: the same products in the
 // same order, so bit-identical.
 TEST(Batch, BatchOfOneIsBitIdentical) {
-  ThreadPool pool(2);
-  Session a(tiny(), pool), b(tiny(), pool);
+  auto pool = fixture::cpu(2);
+  Session a(pool), b(pool);
   const auto p = ids(11, 7);
   a.forward(p, Logits::None);
   b.forward(p, Logits::None);
@@ -98,7 +97,7 @@ TEST(Batch, BatchOfOneIsBitIdentical) {
 // Prompt chunks (several rows, all logits wanted) ride in the same pass as
 // decode rows, and sessions with different loop counts are grouped by plan.
 TEST(Batch, PrefillChunksAndMixedLoopCountsInOneBatch) {
-  ThreadPool pool(2);
+  auto pool = fixture::cpu(2);
   SessionOptions o;
   o.chunk = 8;
   struct Case {
@@ -114,8 +113,8 @@ TEST(Batch, PrefillChunksAndMixedLoopCountsInOneBatch) {
   for (int k = 0; k < K; ++k) {
     SessionOptions ok = o;
     ok.loops = cases[k].loops;
-    batched.push_back(std::make_unique<Session>(tiny(), pool, ok));
-    alone.push_back(std::make_unique<Session>(tiny(), pool, ok));
+    batched.push_back(std::make_unique<Session>(pool, ok));
+    alone.push_back(std::make_unique<Session>(pool, ok));
     const auto p = ids(cases[k].prompt, 20 + k);
     if (!p.empty()) {
       batched[k]->forward(p, Logits::None);
@@ -133,10 +132,10 @@ TEST(Batch, PrefillChunksAndMixedLoopCountsInOneBatch) {
 }
 
 TEST(Batch, RefusedBatchChangesNoSession) {
-  ThreadPool pool(1), other(1);
+  auto pool = fixture::cpu(1), other = fixture::cpu(1);
   SessionOptions o;
   o.chunk = 4;
-  Session a(tiny(), pool, o), b(tiny(), pool, o), c(tiny(), other, o);
+  Session a(pool, o), b(pool, o), c(other, o);
   const auto one = ids(1, 1), five = ids(5, 2);
   const int32_t bad[] = {static_cast<int32_t>(tiny()->config().vocab)};
   auto run = [](std::vector<BatchEntry> e) { Session::forward_batch(e); };

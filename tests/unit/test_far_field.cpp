@@ -15,12 +15,11 @@
 
 #include "dory/error.h"
 #include "dory/session.h"
-#include "model/exact_rows.h"
-#include "model/far_field.h"
+#include "backend/cpu/exact_rows.h"
+#include "backend/cpu/far_field.h"
 #include "model/gate.h"
 #include "model/turbo.h"
 #include "format/gguf.h"
-#include "runtime/pool.h"
 #include "tiny_model.h"
 
 using namespace dory;
@@ -135,14 +134,14 @@ TEST(FarField, RidgeInverseInvertsAWellConditionedMatrix) {
 // KV memory after the seal does not grow with the context: the same bytes at 2k, 8k and
 // 32k positions, while exact attention grows linearly.
 TEST(FarField, KvBytesAreConstantAfterTheSeal) {
-  ThreadPool pool(2);
+  auto pool = fixture::cpu(2);
   SessionOptions o;
   o.o1 = parse_o1("8,16,2,64");
   o.kv = KvMode::LastLoop;
-  Session s(fixture::tiny(), pool, o);
+  Session s(pool, o);
   SessionOptions ox = o;
   ox.o1 = O1Params{};
-  Session exact(fixture::tiny(), pool, ox);
+  Session exact(pool, ox);
   std::vector<uint64_t> bytes, exact_bytes;
   int64_t fed = 0;
   for (int64_t at : {2048, 8192, 32768}) {
@@ -170,10 +169,10 @@ TEST(FarField, KvBytesAreConstantAfterTheSeal) {
 }
 
 TEST(FarField, RollbackIntoTheFarFieldIsRefusedAndChangesNothing) {
-  ThreadPool pool(2);
+  auto pool = fixture::cpu(2);
   SessionOptions o;
   o.o1 = parse_o1("8,16,2,64");
-  Session s(fixture::tiny(), pool, o);
+  Session s(pool, o);
   const auto seq = fixture::ids(200, 5);
   s.forward(seq, Logits::None);
   EXPECT_THROW(s.rollback(100), Error);  // rows < 200 - 64 - 16 live only in the far field
@@ -250,8 +249,8 @@ TEST(ExactRows, AKeyOffAThinSubspaceIsChosenWithItsNeighbours) {
 
 namespace {
 std::vector<float> prompt_logits(const SessionOptions& o, const std::vector<int32_t>& ids, std::string* err = nullptr) {
-  ThreadPool pool(2);
-  Session s(fixture::tiny(), pool, o);
+  auto pool = fixture::cpu(2);
+  Session s(pool, o);
   s.prompt_end(static_cast<int64_t>(ids.size()));
   testing::internal::CaptureStderr();
   // Fed as two parts split where the exact-row rebuild happens (512 rows before the
@@ -305,8 +304,8 @@ TEST(ExactRows, RamAndSpillFilesGiveIdenticalLogitsAndTheFilesGo) {
   {
     // Between the seal and the prompt's end the rows wait in files: two per far-field slot
     // (3 full layers under last_loop), and they go with the session.
-    ThreadPool pool(2);
-    Session s(fixture::tiny(), pool, o);
+    auto pool = fixture::cpu(2);
+    Session s(pool, o);
     s.forward(std::span(ids).first(300), Logits::None);
     EXPECT_EQ(files_in(tmpl), 6);
   }
@@ -335,18 +334,18 @@ TEST(ExactRows, AnUnusableSpillDirectoryLeavesTheFarFieldWorkingWithAWarning) {
 }
 
 TEST(ExactRows, OptionsAreChecked) {
-  ThreadPool pool(1);
+  auto pool = fixture::cpu(1);
   SessionOptions o;
   o.exact = parse_exact("12");
   o.exact->weights.assign(12, 1.0f);
-  EXPECT_THROW(Session(fixture::tiny(), pool, o), Error);  // needs --o1
+  EXPECT_THROW(Session(pool, o), Error);  // needs --o1
   o.o1 = parse_o1("8,16,2,64");
   o.exact->weights.assign(5, 1.0f);
-  EXPECT_THROW(Session(fixture::tiny(), pool, o), Error);  // wrong weight count
+  EXPECT_THROW(Session(pool, o), Error);  // wrong weight count
   SessionOptions o2;
   o2.o1 = parse_o1("8,16,2,64");
   o2.exact = parse_exact("12");  // the tiny model file has no weights
-  EXPECT_THROW(Session(fixture::tiny(), pool, o2), Error);
+  EXPECT_THROW(Session(pool, o2), Error);
   for (const char* bad : {"", "x", "0", "99999", ":5", "f:"}) EXPECT_THROW(parse_exact(bad), Error) << bad;
   EXPECT_EQ(parse_exact("t.gguf:64").source, "t.gguf");
   EXPECT_FALSE(parse_exact("off").on);

@@ -12,7 +12,6 @@
 #include "dory/error.h"
 #include "dory/session.h"
 #include "format/mapped_file.h"
-#include "runtime/pool.h"
 #include "scratch_dir.h"
 #include "tiny_model.h"
 
@@ -77,9 +76,8 @@ TEST(Model, WeightsInMemoryGiveTheMappedLogitsBitForBit) {
   auto memory = Model::load(p, WeightPlacement::Memory);
   EXPECT_FALSE(mapped->weights_in_memory());
   EXPECT_TRUE(memory->weights_in_memory());
-  ThreadPool pool(2);
   const auto seq = fixture::ids(12, 3);
-  Session a(mapped, pool, {}), b(memory, pool, {});
+  Session a(fixture::cpu(2, mapped), {}), b(fixture::cpu(2, memory), {});
   const auto la = a.forward(seq, Logits::All), lb = b.forward(seq, Logits::All);
   ASSERT_EQ(la.size(), lb.size());
   for (size_t i = 0; i < la.size(); ++i) ASSERT_EQ(la[i], lb[i]) << i;

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/pool.h"
+#include "backend/cpu/pool.h"
 
 TEST(ThreadPool, EveryTaskRunsExactlyOnce) {
   for (int threads : {1, 2, 3, 8}) {

@@ -10,8 +10,8 @@
 #include <random>
 #include <stdexcept>
 
-#include "model/ops.h"
-#include "runtime/pool.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/pool.h"
 #include "tensor/kernels.h"
 #include "tensor/quant.h"
 

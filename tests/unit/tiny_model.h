@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "dory/backend.h"
 #include "dory/session.h"
 
 namespace dory::fixture {
@@ -19,6 +20,14 @@ inline std::shared_ptr<const Model> tiny() {
     return Model::load(p);
   }();
   return m;
+}
+
+// The CPU backend with `threads` threads over a model (the tiny one by default).
+inline std::shared_ptr<Backend> cpu(int threads, std::shared_ptr<const Model> m = nullptr) {
+  BackendOptions o;
+  o.device = Device::Cpu;
+  o.threads = threads;
+  return open_backend(m ? m : tiny(), o);
 }
 
 inline std::vector<int32_t> ids(int n, int seed) {

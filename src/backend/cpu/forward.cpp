@@ -1,8 +1,8 @@
-#include "model/forward_cpu.h"
+#include "backend/cpu/forward.h"
 
 #include <algorithm>
 
-#include "model/ops.h"
+#include "backend/cpu/ops.h"
 
 namespace dory {
 
@@ -21,7 +21,7 @@ namespace {
 // rows map to sequences and caches.
 template <class Attn>
 void run_plan(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
-              const std::vector<Step>& plan, const Attn& attn) {
+              std::span<const Step> plan, const Attn& attn) {
   const int64_t T = a.T, H = w.cfg.hidden;
   for (const Step& st : plan) {
     switch (st.op) {
@@ -79,41 +79,14 @@ void begin_chunk(const Weights& w, Scratch& s, const ChunkArgs& a) {
 void forward_begin(const Weights& w, Scratch& s, const ChunkArgs& a) { begin_chunk(w, s, a); }
 
 void forward_steps(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
-                   const std::vector<Step>& plan, const CacheFor& cache_for) {
+                   std::span<const Step> plan, const StepCaches& caches) {
   run_plan(w, pool, s, a, plan, [&](const LayerWeights& L, const Step& st) {
-    attention_layer(w, L, pool, s, a, cache_for(st.layer, st.loop));
+    attention_layer(w, L, pool, s, a, caches(st));
   });
 }
 
-void forward_head(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a, int64_t logit_row0,
-                  float* logits) {
-  head(w, pool, s.x.data() + logit_row0 * w.cfg.hidden, a.T - logit_row0, logits);
-}
-
-void forward_chunk(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
-                   const std::vector<Step>& plan, const CacheFor& cache_for, int64_t logit_row0,
-                   float* logits) {
-  forward_begin(w, s, a);
-  forward_steps(w, pool, s, a, plan, cache_for);
-  forward_head(w, pool, s, a, logit_row0, logits);
-}
-
-void forward_rows(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a, int n_seq,
-                  const std::vector<Step>& plan, const SeqCacheFor& cache_for,
-                  std::span<const int64_t> logit_rows, float* logits) {
-  const int64_t H = w.cfg.hidden;
-  begin_chunk(w, s, a);
-  std::vector<KvCache*> caches(n_seq);
-  run_plan(w, pool, s, a, plan, [&](const LayerWeights& L, const Step& st) {
-    for (int i = 0; i < n_seq; ++i) caches[i] = &cache_for(i, st.layer, st.loop);
-    attention_layer(w, L, pool, s, a, caches);
-  });
-  // The wanted rows, gathered into s.out (free after the last layer), go through the head
-  // in one product.
-  const int64_t rows = static_cast<int64_t>(logit_rows.size());
-  for (int64_t r = 0; r < rows; ++r)
-    std::copy_n(s.x.data() + logit_rows[r] * H, H, s.out.data() + r * H);
-  head(w, pool, s.out.data(), rows, logits);
+void forward_head(const Weights& w, ThreadPool& pool, const float* h, int64_t rows, float* logits) {
+  head(w, pool, h, rows, logits);
 }
 
 }  // namespace dory

@@ -1,8 +1,8 @@
 // SwiGLU MLP sub-layer with nGPT suv scaling and the fnGPT norm before down.
 #include <vector>
 
-#include "model/forward_cpu.h"
-#include "model/ops.h"
+#include "backend/cpu/forward.h"
+#include "backend/cpu/ops.h"
 #include "tensor/kernels.h"
 
 namespace dory {

@@ -1,6 +1,6 @@
 // The CPU forward pass: plain functions over float buffers, one chunk of rows
-// at a time. Weights are read-only; everything mutable lives in the caller's
-// Scratch and KV caches.
+// at a time. Weights are read-only; everything mutable lives in the backend's
+// Scratch and the sequences' KV caches.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -9,8 +9,8 @@
 
 #include "model/loop_plan.h"
 #include "model/weights.h"
-#include "runtime/kv_cache.h"
-#include "runtime/pool.h"
+#include "backend/cpu/kv_cache.h"
+#include "backend/cpu/pool.h"
 
 namespace dory {
 
@@ -46,9 +46,6 @@ struct ChunkArgs {
   int32_t sequence(int64_t t) const { return seq ? seq[t] : 0; }
 };
 
-// Finds (or creates) the cache a layer uses at a given loop pass.
-using CacheFor = std::function<KvCache&(int layer, int loop)>;
-
 void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, Scratch& s,
                      const ChunkArgs& a, KvCache& cache);
 // Batched rows: caches[a.sequence(t)] is the cache row t reads and writes.
@@ -57,29 +54,14 @@ void attention_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, 
 void mlp_layer(const Weights& w, const LayerWeights& L, ThreadPool& pool, Scratch& s,
                const ChunkArgs& a);
 
-// The pieces of forward_chunk, for callers that decide between steps (the
-// early-exit gate): the chunk's scratch, RoPE tables and embeddings; a run of
-// plan steps on the rows in s.x; the head on the rows from logit_row0 on.
+// A pass, in pieces (the backend's begin / steps / logits): the chunk's scratch, RoPE
+// tables and embeddings; a run of plan steps on the rows in s.x, where caches(step)
+// gives each sequence's cache for an attention step (the slot the step names); the head
+// on `rows` hidden rows at h ([rows x V] logits: (lm_head . h) * logit_scale / sigma).
+using StepCaches = std::function<std::span<KvCache* const>(const Step&)>;
 void forward_begin(const Weights& w, Scratch& s, const ChunkArgs& a);
 void forward_steps(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
-                   const std::vector<Step>& plan, const CacheFor& cache_for);
-void forward_head(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a, int64_t logit_row0,
-                  float* logits);
-
-// Runs the whole plan on one chunk. Writes logits of rows [logit_row0, T) to
-// `logits` ([T - logit_row0] x V); logit_row0 == T means none.
-void forward_chunk(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a,
-                   const std::vector<Step>& plan, const CacheFor& cache_for, int64_t logit_row0,
-                   float* logits);
-
-// Continuous batching: one chunk holding rows of n_seq sequences (a.pos and
-// a.seq set), so every weight product runs once for all of them while each
-// row's attention reads its own sequence's cache. Every sequence runs the same
-// plan. Writes logits of the rows listed in logit_rows, in that order
-// ([logit_rows.size()] x V).
-using SeqCacheFor = std::function<KvCache&(int seq, int layer, int loop)>;
-void forward_rows(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a, int n_seq,
-                  const std::vector<Step>& plan, const SeqCacheFor& cache_for,
-                  std::span<const int64_t> logit_rows, float* logits);
+                   std::span<const Step> plan, const StepCaches& caches);
+void forward_head(const Weights& w, ThreadPool& pool, const float* h, int64_t rows, float* logits);
 
 }  // namespace dory

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "model/far_field.h"
-#include "model/forward_cpu.h"
-#include "model/ops.h"
+#include "backend/cpu/far_field.h"
+#include "backend/cpu/forward.h"
+#include "backend/cpu/ops.h"
 
 namespace dory {
 

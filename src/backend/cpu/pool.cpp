@@ -1,4 +1,4 @@
-#include "runtime/pool.h"
+#include "backend/cpu/pool.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "model/exact_rows.h"
+#include "backend/cpu/exact_rows.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include <numeric>
 
 #include "dory/error.h"
-#include "dory/session.h"
+#include "dory/options.h"
 
 namespace dory {
 

@@ -1,4 +1,4 @@
-#include "model/ops.h"
+#include "backend/cpu/ops.h"
 
 #include <algorithm>
 #include <cmath>

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "dory/session.h"
+#include "dory/options.h"
 
 namespace dory {
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/pool.h"
+#include "backend/cpu/pool.h"
 #include "tensor/kernels.h"
 
 namespace dory {

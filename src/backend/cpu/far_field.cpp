@@ -1,4 +1,4 @@
-#include "model/far_field.h"
+#include "backend/cpu/far_field.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,9 +1,9 @@
-#include "runtime/kv_cache.h"
+#include "backend/cpu/kv_cache.h"
 
 #include <algorithm>
 
-#include "model/exact_rows.h"
-#include "model/far_field.h"
+#include "backend/cpu/exact_rows.h"
+#include "backend/cpu/far_field.h"
 
 namespace dory {
 
