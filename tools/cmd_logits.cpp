@@ -29,6 +29,9 @@ int run_logits(const LogitsOpts& o) {
                 std::to_string(ids.size()) + " ids to score");
   // The first prompt_rows ids go in as a prompt nobody reads (prompt_loops applies); the
   // rest are scored, in chunks of --chunk (one row at a time: decode, where the gate acts).
+  // The prompt ends after --prompt-rows (else with the last id): with exact rows on, they
+  // are chosen there, as dory run and the server choose them at a prompt's end.
+  session.prompt_end(o.prompt_rows > 0 ? o.prompt_rows : static_cast<int64_t>(ids.size()));
   std::vector<int> passes;
   if (o.prompt_rows > 0) {
     session.forward(std::span(ids).first(o.prompt_rows), Logits::None);

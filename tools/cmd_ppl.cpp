@@ -41,7 +41,8 @@ int run_ppl(const PplOpts& o) {
 
   auto backend = o.run.open(m.model);
   std::fprintf(stderr, "ppl: %zu tokens, %lld windows of %lld (scoring the last %lld of each) | %d threads\n",
-               tokens.size(), (long long)n_windows, (long long)ctx, (long long)(ctx - 1 - first), backend->host_threads());
+               tokens.size(), (long long)n_windows, (long long)ctx, (long long)(ctx - 1 - first),
+               backend->host_threads());
   double nll = 0, nll2 = 0;
   int64_t count = 0;
   int loops = 0;
@@ -53,6 +54,8 @@ int run_ppl(const PplOpts& o) {
     Session s(backend, o.run.session());
     loops = s.loops();
     kv = kv_mode_name(s.kv_mode());
+    // The window's first half is the prompt: with exact rows on, they are chosen at its end.
+    s.prompt_end(first);
     s.forward(std::span<const int32_t>(win.data(), first), Logits::None);
     const std::vector<float> lg = s.forward(std::span<const int32_t>(win.data() + first, ctx - 1 - first), Logits::All);
     for (int64_t j = 0; j < ctx - 1 - first; ++j) {

@@ -13,7 +13,8 @@ class Backend;  // the interface: src/backend/backend.h
 // Opens the backend opts.device names for `model`. Auto: the GPU when the binary has a
 // GPU backend and a device is present, else the CPU. Throws Error when the device asked
 // for is not there (a build without CUDA says how to build with it).
-std::shared_ptr<Backend> open_backend(std::shared_ptr<const Model> model, const BackendOptions& opts = {});
+std::shared_ptr<Backend> open_backend(std::shared_ptr<const Model> model,
+                                      const BackendOptions& opts = {});
 // The same check open_backend makes of the device, before a model is loaded (a slow load
 // should not come before "this build has no CUDA").
 void check_device(const BackendOptions& opts);

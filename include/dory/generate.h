@@ -25,14 +25,14 @@ class StreamDecoder;
 class Tokenizer;
 
 struct GenerateParams {
-  int max_tokens = 256;            // -1: until end of text or the context is full
-  std::vector<std::string> stop;   // stop strings (not included in the output)
+  int max_tokens = 256;           // -1: until end of text or the context is full
+  std::vector<std::string> stop;  // stop strings (not included in the output)
   bool ignore_eos = false;
 };
 
 struct PrefillStats {
-  int64_t reused = 0;   // tokens kept from the previous state
-  int64_t fed = 0;      // tokens run through the model now
+  int64_t reused = 0;  // tokens kept from the previous state
+  int64_t fed = 0;     // tokens run through the model now
   double seconds = 0;
 };
 
@@ -77,8 +77,8 @@ class TextStream {
   enum class Next { More, Eos, Stop, Refused };
   // emit gets complete UTF-8 pieces that can no longer be the start of a stop string;
   // returning false ends the stream (Refused).
-  TextStream(const Tokenizer& tok, const DoryConfig& c, std::vector<std::string> stops, bool ignore_eos,
-             std::function<bool(std::string_view)> emit);
+  TextStream(const Tokenizer& tok, const DoryConfig& c, std::vector<std::string> stops,
+             bool ignore_eos, std::function<bool(std::string_view)> emit);
   ~TextStream();
   TextStream(TextStream&&) noexcept;
   // Feeds a sampled id. Eos: an end-of-text id (shown as nothing; not to be fed back);

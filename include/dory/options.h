@@ -21,9 +21,10 @@ enum class Logits { None, Last, All };
 struct GateParams {
   enum class Kind { Off, Conf, Recon, Auto };
   Kind kind = Kind::Off;
-  double theta = 0.7;          // conf: exit when the top probability >= theta
-  std::optional<double> bias;  // recon: one pass when score >= bias (default: the model file's, else 0)
-  std::string str() const;     // as parse_gate reads it
+  double theta = 0.7;  // conf: exit when the top probability >= theta
+  std::optional<double>
+      bias;  // recon: one pass when score >= bias (default: the model file's, else 0)
+  std::string str() const;  // as parse_gate reads it
 };
 // "off" | "conf:THETA" | "recon" | "recon:BIAS" | "auto"; throws Error naming --gate.
 GateParams parse_gate(const std::string& s);
@@ -35,7 +36,8 @@ struct O1Params {
   int w = 128;          // exact recent rows
   int sink = 4;         // exact first rows
   int64_t seal = 1024;  // rows a slot holds exactly before it seals
-  bool clamp = false;   // rectifier: false = "aggregate" (drop a negative far part), true = clamp u at 0
+  bool clamp =
+      false;  // rectifier: false = "aggregate" (drop a negative far part), true = clamp u at 0
   void validate() const;    // throws Error unless the numbers fit together
   std::string str() const;  // "off" or "m,w,sink,seal"
 };
@@ -58,10 +60,10 @@ ExactParams parse_exact(const std::string& s);
 // Every optional field left empty takes the model file's default (a "turbo"
 // file, docs/model.md, "Turbo files"), else the plain model's behaviour.
 struct SessionOptions {
-  int loops = 0;                  // recurrent passes per token, 1..16; 0 = the config's
-  std::optional<KvMode> kv;       // default: the turbo file's last_loop, else the config's mode
-  int chunk = 64;                 // prompt rows per batched forward
-  int64_t rewind_margin = 256;    // rows a sliding layer keeps beyond its window
+  int loops = 0;                // recurrent passes per token, 1..16; 0 = the config's
+  std::optional<KvMode> kv;     // default: the turbo file's last_loop, else the config's mode
+  int chunk = 64;               // prompt rows per batched forward
+  int64_t rewind_margin = 256;  // rows a sliding layer keeps beyond its window
   // last_loop: a prompt chunk whose logits nobody reads runs min(loops, prompt_loops)
   // passes (docs/model.md, "Prompt loops"); 0 = off.
   std::optional<int> prompt_loops;
@@ -103,9 +105,9 @@ struct KvBytes {
 // after that pass and after all of them.
 struct ProbeRows {
   int64_t hidden = 0;
-  std::vector<float> state1;              // [rows x hidden]
-  std::vector<int32_t> top1, top_all;     // [rows]
-  std::vector<float> p1;                  // top probability after pass 1 [rows]
+  std::vector<float> state1;           // [rows x hidden]
+  std::vector<int32_t> top1, top_all;  // [rows]
+  std::vector<float> p1;               // top probability after pass 1 [rows]
 };
 
 // The exact-row features of one far-field slot (Session::exact_features): rows

@@ -14,7 +14,9 @@ constexpr const char* kNoCuda =
     "cmake -S . -B build -DDORY_CUDA=ON, see the README's \"GPU\" section)";
 }  // namespace
 
-std::vector<std::string> compiled_backends() { return {"cpu"}; }
+std::vector<std::string> compiled_backends() {
+  return {"cpu"};
+}
 
 std::vector<std::string> backend_report() {
   return {"cpu: yes", std::string("cuda: no, ") + kNoCuda};
@@ -24,9 +26,12 @@ void check_device(const BackendOptions& opts) {
   if (opts.device == Device::Cuda) throw Error(std::string("--device cuda: ") + kNoCuda);
 }
 
-int default_host_threads() { return ThreadPool::default_threads(); }
+int default_host_threads() {
+  return ThreadPool::default_threads();
+}
 
-std::shared_ptr<Backend> open_backend(std::shared_ptr<const Model> model, const BackendOptions& opts) {
+std::shared_ptr<Backend> open_backend(std::shared_ptr<const Model> model,
+                                      const BackendOptions& opts) {
   if (!model) throw Error("open_backend: no model");
   check_device(opts);  // Auto and Cpu: no GPU backend in this build, the CPU
   return std::make_shared<CpuBackend>(std::move(model), opts.threads);

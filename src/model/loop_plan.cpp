@@ -2,7 +2,8 @@
 
 namespace dory {
 
-std::vector<Step> build_plan(const DoryConfig& c, KvMode kv, int loops, int first_loop, bool input, bool output) {
+std::vector<Step> build_plan(const DoryConfig& c, KvMode kv, int loops, int first_loop, bool input,
+                             bool output) {
   std::vector<Step> plan;
   if (input)
     for (int i = 0; i < c.n_input; ++i) plan.push_back({Step::Op::Layer, i, 0, 0});

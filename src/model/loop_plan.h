@@ -20,7 +20,7 @@ struct Step {
 
 // The input block (if input), recurrent passes [first_loop, loops), the output
 // block (if output). build_plan(c, kv, loops) is a whole token.
-std::vector<Step> build_plan(const DoryConfig& c, KvMode kv, int loops, int first_loop = 0, bool input = true,
-                             bool output = true);
+std::vector<Step> build_plan(const DoryConfig& c, KvMode kv, int loops, int first_loop = 0,
+                             bool input = true, bool output = true);
 
 }  // namespace dory

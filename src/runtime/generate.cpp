@@ -10,7 +10,9 @@ namespace dory {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 }  // namespace
 
 size_t stop_holdback(std::string_view text, const std::vector<std::string>& stops) {
@@ -63,13 +65,17 @@ size_t Sequence::start(std::span<const int32_t> prompt, int loops) {
   return keep;
 }
 
-void Sequence::took(std::span<const int32_t> ids) { tokens_.insert(tokens_.end(), ids.begin(), ids.end()); }
+void Sequence::took(std::span<const int32_t> ids) {
+  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+}
 
 // ---- TextStream ----
 
-TextStream::TextStream(const Tokenizer& tok, const DoryConfig& c, std::vector<std::string> stops, bool ignore_eos,
-                       std::function<bool(std::string_view)> emit)
-    : dec_(std::make_unique<StreamDecoder>(tok)), stops_(std::move(stops)), ignore_eos_(ignore_eos),
+TextStream::TextStream(const Tokenizer& tok, const DoryConfig& c, std::vector<std::string> stops,
+                       bool ignore_eos, std::function<bool(std::string_view)> emit)
+    : dec_(std::make_unique<StreamDecoder>(tok)),
+      stops_(std::move(stops)),
+      ignore_eos_(ignore_eos),
       emit_(std::move(emit)) {
   for (int32_t id : tok.eos_ids()) eos_.push_back(id);
   for (int64_t id : c.eos_ids) eos_.push_back(static_cast<int32_t>(id));
@@ -112,7 +118,8 @@ void TextStream::finish() {
 
 // ---- TextSession ----
 
-TextSession::TextSession(std::shared_ptr<Backend> backend, SessionOptions opts, const Tokenizer& tok)
+TextSession::TextSession(std::shared_ptr<Backend> backend, SessionOptions opts,
+                         const Tokenizer& tok)
     : tok_(tok), seq_(std::move(backend), std::move(opts)) {}
 
 TextSession::~TextSession() = default;
@@ -127,8 +134,8 @@ PrefillStats TextSession::prefill(std::span<const int32_t> prompt,
   if (prompt.empty()) throw Error("the prompt is empty");
   const int64_t ctx = seq_.session().model().config().max_positions;
   if (static_cast<int64_t>(prompt.size()) >= ctx)
-    throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens; the model's context is " +
-                std::to_string(ctx));
+    throw Error("the prompt has " + std::to_string(prompt.size()) +
+                " tokens; the model's context is " + std::to_string(ctx));
   const auto t0 = Clock::now();
   const size_t keep = seq_.start(prompt, seq_.session().loops());
   PrefillStats st;

@@ -29,18 +29,21 @@ void CpuCaches::prepare(std::span<const Step> plan, int64_t pos) {
       slots[st.slot] = std::make_unique<KvCache>(*seed);
       continue;
     }
-    slots[st.slot] = std::make_unique<KvCache>(c.n_kv_head * c.head_dim, c.is_sliding(st.layer) ? ring : 0);
+    slots[st.slot] =
+        std::make_unique<KvCache>(c.n_kv_head * c.head_dim, c.is_sliding(st.layer) ? ring : 0);
     if (c.is_sliding(st.layer) || !spec_.o1.on) continue;
     KvCache& kc = *slots[st.slot];
-    kc.enable_far(spec_.o1, c.n_head, c.n_kv_head, c.head_dim, spec_.o1.w + spec_.rewind_margin + spec_.chunk);
+    kc.enable_far(spec_.o1, c.n_head, c.n_kv_head, c.head_dim,
+                  spec_.o1.w + spec_.rewind_margin + spec_.chunk);
     if (!spec_.exact.on) continue;
     // This layer's row of the weights: full layers in order.
     int64_t idx = 0;
     for (int l = 0; l < st.layer; ++l) idx += c.pattern[l] == '*';
     const int64_t wn = 2 * c.n_kv_head;
     const auto& ew = spec_.exact.weights;
-    kc.enable_exact(std::vector<float>(ew.begin() + idx * wn, ew.begin() + (idx + 1) * wn), spec_.exact.budget,
-                    spec_.exact.spill_dir, "L" + std::to_string(st.layer) + "-" + std::to_string(st.slot));
+    kc.enable_exact(std::vector<float>(ew.begin() + idx * wn, ew.begin() + (idx + 1) * wn),
+                    spec_.exact.budget, spec_.exact.spill_dir,
+                    "L" + std::to_string(st.layer) + "-" + std::to_string(st.slot));
   }
 }
 
@@ -51,12 +54,12 @@ void CpuCaches::check_rollback(int64_t n) const {
       const int64_t floor = kc->rollback_floor(c_.swa_window);
       if (n >= floor) continue;
       if (kc->far())
-        throw Error("cannot roll back to position " + std::to_string(n) + ": layer " + std::to_string(layer) +
-                    " holds rows before position " + std::to_string(floor) +
+        throw Error("cannot roll back to position " + std::to_string(n) + ": layer " +
+                    std::to_string(layer) + " holds rows before position " + std::to_string(floor) +
                     " only in its far field (start a new session)");
-      throw Error("cannot roll back to position " + std::to_string(n) + ": layer " + std::to_string(layer) +
-                  " keeps its sliding window only from position " + std::to_string(floor) +
-                  " on (raise the rewind margin, or start a new session)");
+      throw Error("cannot roll back to position " + std::to_string(n) + ": layer " +
+                  std::to_string(layer) + " keeps its sliding window only from position " +
+                  std::to_string(floor) + " on (raise the rewind margin, or start a new session)");
     }
 }
 
@@ -148,13 +151,15 @@ void CpuBackend::logits(std::span<const int64_t> rows, float* out) {
   bool run = args_.pos == nullptr;
   for (int64_t r = 1; r < n && run; ++r) run = rows[r] == rows[0] + r;
   if (run) return forward_head(w, pool_, scratch_.x.data() + rows[0] * H, n, out);
-  for (int64_t r = 0; r < n; ++r) std::copy_n(scratch_.x.data() + rows[r] * H, H, scratch_.out.data() + r * H);
+  for (int64_t r = 0; r < n; ++r)
+    std::copy_n(scratch_.x.data() + rows[r] * H, H, scratch_.out.data() + r * H);
   forward_head(w, pool_, scratch_.out.data(), n, out);
 }
 
 void CpuBackend::state(std::span<const int64_t> rows, float* out) {
   const int64_t H = model_->config().hidden;
-  for (size_t r = 0; r < rows.size(); ++r) std::copy_n(scratch_.state.data() + rows[r] * H, H, out + r * H);
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::copy_n(scratch_.state.data() + rows[r] * H, H, out + r * H);
 }
 
 }  // namespace dory
