@@ -86,6 +86,8 @@ int run_info(const std::string& path) {
   for (const kern::KernelSet* k : kern::supported()) sets += std::string(sets.empty() ? "" : " ") + k->name;
   const char* bf16_note = "; BF16 products take their input rounded to bf16 (DORY_BF16_INPUT=float keeps floats)";
   std::printf("kernels        %s (this CPU: %s)%s\n", ks.name, sets.c_str(), ks.bf16_input ? bf16_note : "");
+  // The backends this binary has (--device), and why one is missing.
+  for (const std::string& line : backend_report()) std::printf("backend        %s\n", line.c_str());
   if (gf) {
     // The file's own tensor types (the dtype lines above are the weights as loaded).
     struct Mix {

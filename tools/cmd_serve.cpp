@@ -44,6 +44,7 @@ int run_serve(ServeOpts o) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that left is a failed write, not a dead server
 
+  check_device(o.run.backend_options());  // before the port is bound
   const std::string path = o.run.model_path();  // -m, or the built-in model
   o.http.model_name = o.alias.empty() ? model_name(path) : o.alias;
   server::HttpServer http(o.http);

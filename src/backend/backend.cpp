@@ -8,10 +8,11 @@
 namespace dory {
 
 namespace {
-// How to get the GPU backend, for the errors and dory info of a build without it.
+// What --device cuda says in a build without a GPU backend. (The CUDA backend is not written
+// yet; once it is, this names the CMake switch that builds it.)
 constexpr const char* kNoCuda =
-    "this dory was built without CUDA (rebuild with the CUDA toolkit installed: "
-    "cmake -S . -B build -DDORY_CUDA=ON, see the README's \"GPU\" section)";
+    "this dory has no CUDA backend (none is written yet: the GPU work is planned); "
+    "--device cpu or auto run on the CPU";
 }  // namespace
 
 std::vector<std::string> compiled_backends() {
