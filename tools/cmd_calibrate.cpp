@@ -333,6 +333,7 @@ Runner add_calibrate(CLI::App& app) {
   auto o = std::make_shared<CalibrateOpts>();
   cmd->add_option("-m,--model", o->run.model, kModelHelp);
   cmd->add_option("-t,--threads", o->run.threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
+  add_device_opt(cmd, o->run);
   cmd->add_option("--loops", o->run.loops, "recurrent passes (default: the model's; at least 2)")
       ->check(CLI::Range(2, 16));
   cmd->add_option("-f,--file", o->text, "calibration text (plain UTF-8)")->required();

@@ -68,11 +68,7 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
                   "weights) | FILE:ROWS (weights from a dory calibrate file) | off (default: the model file's)");
   app->add_option("--spill", o.spill,
                   "with --exact: keep the rows that wait for the choice in files under this directory, not in RAM");
-  app->add_option("--device", o.device,
-                  "where the model runs: cpu, cuda (an NVIDIA GPU, in a build with CUDA) or auto (the GPU "
-                  "when this build has one and a device is present, else the CPU)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-      ->capture_default_str();
+  add_device_opt(app, o);
   auto* mm = app->add_flag("--mmap", o.mmap,
                            "use the weights in place from the memory-mapped model file (the default): "
                            "nothing is read at load");
@@ -100,6 +96,14 @@ void parallel_ranges(Backend& be, int64_t n, int64_t grain, const std::function<
   const int64_t step = std::max<int64_t>(std::max<int64_t>(1, grain), (n + be.host_threads() * 4 - 1) /
                                                                          (be.host_threads() * 4));
   be.host_parallel((n + step - 1) / step, [&](int64_t k) { fn(k * step, std::min(n, (k + 1) * step)); });
+}
+
+void add_device_opt(CLI::App* app, RunOpts& o) {
+  app->add_option("--device", o.device,
+                  "where the model runs: cpu, cuda (an NVIDIA GPU, in a build with CUDA) or auto (the GPU "
+                  "when this build has one and a device is present, else the CPU)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
 }
 
 WeightPlacement RunOpts::placement() const {

@@ -45,6 +45,8 @@ std::string default_model_path();
 // What -m says in --help.
 extern const char* const kModelHelp;
 void add_run_opts(CLI::App* app, RunOpts& o);
+// --device alone (for commands that take few of the run options).
+void add_device_opt(CLI::App* app, RunOpts& o);
 
 // Sampling and generation flags (dory run, chat, and later the server's defaults).
 struct GenOpts {
