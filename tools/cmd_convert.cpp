@@ -1,6 +1,7 @@
 // dory convert HF_DIR OUT.gguf [--type ...], and the engine of dory quantize:
 // a model in, GGUF in llama.cpp's Dory layout out, tensor by tensor, written to
 // OUT.tmp and renamed at the end so a failure leaves no broken file.
+#include <cctype>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -60,7 +61,7 @@ bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 ||
 
 DType fallback(DType t, int64_t cols) {
   if (dtype_row_ok(t, cols)) return t;
-  if (t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K)
+  if (dtype_block_elems(t) > dtype_block_elems(DType::Q8_0))  // a K type: 256-element blocks
     return dtype_row_ok(DType::Q8_0, cols) ? DType::Q8_0 : DType::F16;
   return DType::F16;
 }
@@ -97,12 +98,14 @@ void convert_rows(const TensorView& src, DType t, int64_t cols, int64_t r0, int6
 
 // A single tensor type by its ggml name (lower case), for the overrides.
 DType parse_tensor_type(const std::string& flag, const std::string& s) {
-  static const std::pair<const char*, DType> kNames[] = {
-      {"f32", DType::F32},   {"f16", DType::F16},   {"bf16", DType::BF16}, {"q8_0", DType::Q8_0},
-      {"q4_0", DType::Q4_0}, {"q4_k", DType::Q4_K}, {"q5_k", DType::Q5_K}, {"q6_k", DType::Q6_K}};
-  for (const auto& [n, t] : kNames)
-    if (s == n) return t;
-  throw Error(flag + " '" + s + "' is not one of f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k");
+  std::string names;
+  for (const DTypeTraits& d : all_dtypes()) {
+    std::string n = d.name;
+    for (char& ch : n) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (s == n) return d.type;
+    names += (names.empty() ? "" : "|") + n;
+  }
+  throw Error(flag + " '" + s + "' is not one of " + names);
 }
 
 }  // namespace

@@ -157,32 +157,12 @@ const char* vtype_name(VType t) {
   return "?";
 }
 
-uint32_t ggml_type_id(DType t) {
-  switch (t) {
-    case DType::F32: return kGgmlF32;
-    case DType::F16: return kGgmlF16;
-    case DType::BF16: return kGgmlBF16;
-    case DType::Q8_0: return kGgmlQ8_0;
-    case DType::Q4_0: return kGgmlQ4_0;
-    case DType::Q4_K: return kGgmlQ4_K;
-    case DType::Q5_K: return kGgmlQ5_K;
-    case DType::Q6_K: return kGgmlQ6_K;
-  }
-  return 0;
-}
+uint32_t ggml_type_id(DType t) { return dtype_traits(t).ggml_id; }
 
 bool dtype_from_ggml(uint32_t id, DType* out) {
-  switch (id) {
-    case kGgmlF32: *out = DType::F32; return true;
-    case kGgmlF16: *out = DType::F16; return true;
-    case kGgmlBF16: *out = DType::BF16; return true;
-    case kGgmlQ8_0: *out = DType::Q8_0; return true;
-    case kGgmlQ4_0: *out = DType::Q4_0; return true;
-    case kGgmlQ4_K: *out = DType::Q4_K; return true;
-    case kGgmlQ5_K: *out = DType::Q5_K; return true;
-    case kGgmlQ6_K: *out = DType::Q6_K; return true;
-    default: return false;
-  }
+  const DTypeTraits* d = dtype_from_ggml_id(id);
+  if (d) *out = d->type;
+  return d != nullptr;
 }
 
 Value Value::strings(const std::vector<std::string>& v) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "format/config_keys.h"
 #include "format/mapped_file.h"
 
 namespace dory {
@@ -86,10 +87,8 @@ DoryConfig parse_hf_config_text(const std::string& text, const std::string& wher
     throw r.err("model_type", "is " + j["model_type"].dump() + ", expected \"dory\"");
 
   DoryConfig c;
-  c.hidden = r.integer("hidden_size");
-  c.ffn = r.integer("intermediate_size");
-  c.n_head = r.integer("num_attention_heads");
-  c.n_kv_head = r.integer("num_key_value_heads");
+  // The plain keys, from the one table (format/config_keys.h); the special ones below.
+  read_config_keys(r, false, c);
   if (r.has("attention_head_dim")) {
     c.head_dim = r.integer("attention_head_dim");
     if (r.has("head_dim") && r.integer("head_dim") != c.head_dim)
@@ -99,13 +98,6 @@ DoryConfig parse_hf_config_text(const std::string& text, const std::string& wher
   } else {
     c.head_dim = r.integer("head_dim");  // error names head_dim if both are absent
   }
-  c.vocab = r.integer("vocab_size");
-  c.n_layer = r.integer("num_hidden_layers");
-  c.pattern = r.string("hybrid_layer_pattern");
-  c.n_input = r.integer("n_input_layers");
-  c.n_recurrent = r.integer("n_recurrent_layers");
-  c.n_output = r.integer("n_output_layers");
-  c.n_loops = r.integer("n_recurrent_loops");
   if (r.has("recurrent_kv_cache_mode")) {
     try {
       c.kv_mode = parse_kv_mode(r.string("recurrent_kv_cache_mode"));
@@ -113,9 +105,6 @@ DoryConfig parse_hf_config_text(const std::string& text, const std::string& wher
       throw r.err("recurrent_kv_cache_mode", e.what());
     }
   }
-  c.swa_window = r.integer_or("swa_window_size", 0);
-  c.rope_theta = r.number("rope_theta");
-  c.rope_theta_2 = r.number_or("rope_theta_2", c.rope_theta);
   c.partial_rotary = r.number_or("partial_rotary_factor", 1.0);
   c.partial_rotary_2 = r.number_or("partial_rotary_factor_2", c.partial_rotary);
   if (r.has("rope_profile_layers")) {
@@ -137,11 +126,8 @@ DoryConfig parse_hf_config_text(const std::string& text, const std::string& wher
     for (const auto& e : j["no_rope_layers"])
       if (e != 0) throw r.err("no_rope_layers", "must be all zeros: Dory has no NoPE layers");
   }
-  c.init_std = r.number("init_method_std");
-  c.alpha_init = r.number("ngpt_alpha_init");
   if (r.has("attention_output_gate_logit_scale_init"))
     c.gate_init = r.number("attention_output_gate_logit_scale_init");
-  c.max_positions = r.integer_or("max_position_embeddings", 8192);
   c.bos_ids = r.ids("bos_token_id");
   c.eos_ids = r.ids("eos_token_id");
 

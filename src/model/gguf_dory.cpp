@@ -1,5 +1,7 @@
 #include "model/gguf_dory.h"
 
+#include "format/config_keys.h"
+
 #include <sys/stat.h>
 
 #include <charconv>
@@ -28,32 +30,6 @@ double shortest_decimal(float f) {
   return d;
 }
 
-// config.json key (as DoryConfig::validate names it) -> the GGUF key that carries it.
-const std::map<std::string, std::string>& hf_to_gguf_key() {
-  static const std::map<std::string, std::string> m = {
-      {"hidden_size", "dory.embedding_length"},
-      {"intermediate_size", "dory.feed_forward_length"},
-      {"num_attention_heads", "dory.attention.head_count"},
-      {"num_key_value_heads", "dory.attention.head_count_kv"},
-      {"attention_head_dim", "dory.attention.key_length"},
-      {"vocab_size", "dory.vocab_size"},
-      {"num_hidden_layers", "dory.block_count"},
-      {"n_recurrent_loops", "dory.recurrent_loop_count"},
-      {"hybrid_layer_pattern", "dory.layer_pattern"},
-      {"n_input_layers", "dory.input_layer_count"},
-      {"swa_window_size", "dory.attention.sliding_window"},
-      {"rope_profile_layers", "dory.rope.profile"},
-      {"partial_rotary_factor", "dory.rope.dimension_count"},
-      {"partial_rotary_factor_2", "dory.rope.dimension_count"},
-      {"rope_theta", "dory.rope.freq_base"},
-      {"rope_theta_2", "dory.rope.freq_base_2"},
-      {"init_method_std", "dory.init_std"},
-      {"attention_output_gate_logit_scale_init", "dory.gate_init"},
-      {"max_position_embeddings", "dory.context_length"},
-  };
-  return m;
-}
-
 struct Meta {
   const gguf::File& f;
   Error err(const std::string& key, const std::string& why) const {
@@ -76,6 +52,7 @@ struct Meta {
   }
   int64_t integer(const std::string& k) const { return as_int(*this, k, need(k)); }
   int64_t integer_or(const std::string& k, int64_t d) const { return get(k) ? integer(k) : d; }
+  bool has(const std::string& k) const { return get(k) != nullptr; }
   double number(const std::string& k) const {
     const gguf::Value& v = need(k);
     double d;
@@ -127,29 +104,22 @@ DoryConfig config_from_gguf(const gguf::File& f) {
   if (arch != "dory")
     throw m.err("general.architecture", "is \"" + arch + "\", expected \"dory\"");
   DoryConfig c;
-  c.hidden = m.integer("dory.embedding_length");
-  c.ffn = m.integer("dory.feed_forward_length");
-  c.n_head = m.integer("dory.attention.head_count");
-  c.n_kv_head = m.integer("dory.attention.head_count_kv");
+  // The plain keys, from the one table (format/config_keys.h); the special ones below.
+  read_config_keys(m, true, c);
   c.head_dim = m.integer("dory.attention.key_length");
   if (m.get("dory.attention.value_length") && m.integer("dory.attention.value_length") != c.head_dim)
     throw m.err("dory.attention.value_length",
                 "is " + std::to_string(m.integer("dory.attention.value_length")) +
                     " but dory.attention.key_length is " + std::to_string(c.head_dim) +
                     "; Dory needs them equal");
-  if (m.get("dory.vocab_size")) c.vocab = m.integer("dory.vocab_size");
-  else if (const gguf::TensorInfo* t = f.tensor("token_embd.weight"); t && t->ne.size() == 2)
+  if (m.get("dory.vocab_size")) {
+  } else if (const gguf::TensorInfo* t = f.tensor("token_embd.weight"); t && t->ne.size() == 2) {
     c.vocab = t->ne[1];
-  else if (const gguf::Value* tk = m.get("tokenizer.ggml.tokens"); tk && tk->type == gguf::VType::ARRAY)
+  } else if (const gguf::Value* tk = m.get("tokenizer.ggml.tokens"); tk && tk->type == gguf::VType::ARRAY) {
     c.vocab = static_cast<int64_t>(tk->arr.size());
-  else
+  } else {
     throw m.err("dory.vocab_size", "is missing (and there is no token_embd.weight to take it from)");
-  c.n_layer = m.integer("dory.block_count");
-  c.pattern = m.string("dory.layer_pattern");
-  c.n_input = m.integer("dory.input_layer_count");
-  c.n_recurrent = m.integer("dory.recurrent_layer_count");
-  c.n_output = m.integer("dory.output_layer_count");
-  c.n_loops = m.integer("dory.recurrent_loop_count");
+  }
   if (m.get("dory.recurrent_kv_cache_mode")) {
     try {
       c.kv_mode = parse_kv_mode(m.string("dory.recurrent_kv_cache_mode"));
@@ -158,9 +128,6 @@ DoryConfig config_from_gguf(const gguf::File& f) {
       throw m.err("dory.recurrent_kv_cache_mode", e.what());
     }
   }
-  c.swa_window = m.integer_or("dory.attention.sliding_window", 0);
-  c.rope_theta = m.number("dory.rope.freq_base");
-  c.rope_theta_2 = m.number_or("dory.rope.freq_base_2", c.rope_theta);
   if (m.get("dory.rope.dimension_count")) {
     const int64_t r = m.integer("dory.rope.dimension_count");
     if (r <= 0 || r > c.head_dim || r % 2)
@@ -179,10 +146,7 @@ DoryConfig config_from_gguf(const gguf::File& f) {
                                            " (allowed: 1, 2; 0 = no RoPE is not supported)");
     c.rope_profile.push_back(static_cast<int>(p));
   }
-  c.init_std = m.number("dory.init_std");
-  c.alpha_init = m.number("dory.alpha_init");
   if (m.get("dory.gate_init")) c.gate_init = m.number("dory.gate_init");
-  c.max_positions = m.integer_or("dory.context_length", 8192);
   if (m.get("tokenizer.ggml.bos_token_id")) c.bos_ids = {m.integer("tokenizer.ggml.bos_token_id")};
   if (m.get("tokenizer.ggml.eos_token_id")) c.eos_ids = {m.integer("tokenizer.ggml.eos_token_id")};
   try {
@@ -194,9 +158,7 @@ DoryConfig config_from_gguf(const gguf::File& f) {
     if (msg.compare(0, head.size(), head) == 0) {
       const size_t end = msg.find('\'', head.size());
       const std::string key = msg.substr(head.size(), end - head.size());
-      auto it = hf_to_gguf_key().find(key);
-      if (it != hf_to_gguf_key().end())
-        msg = head + it->second + msg.substr(end);
+      if (const std::string g = gguf_key_for(key); !g.empty()) msg = head + g + msg.substr(end);
     }
     throw Error(msg);
   }
@@ -205,33 +167,35 @@ DoryConfig config_from_gguf(const gguf::File& f) {
 
 void write_dory_metadata(gguf::Writer& w, const DoryConfig& c) {
   using gguf::Value;
+  using K = ConfigKey::Kind;
   auto u32 = [](int64_t v) { return Value::u32(static_cast<uint32_t>(v)); };
   auto f32 = [](double v) { return Value::f32(static_cast<float>(v)); };
   w.set("general.architecture", Value::str("dory"));
-  w.set("dory.block_count", u32(c.n_layer));
-  w.set("dory.context_length", u32(c.max_positions));
-  w.set("dory.embedding_length", u32(c.hidden));
-  w.set("dory.feed_forward_length", u32(c.ffn));
-  w.set("dory.attention.head_count", u32(c.n_head));
-  w.set("dory.attention.head_count_kv", u32(c.n_kv_head));
-  w.set("dory.vocab_size", u32(c.vocab));
-  w.set("dory.attention.key_length", u32(c.head_dim));
-  w.set("dory.attention.value_length", u32(c.head_dim));
-  w.set("dory.rope.dimension_count", u32(c.rotary_dims(1)));
-  w.set("dory.rope.freq_base", f32(c.rope_theta));
-  w.set("dory.attention.sliding_window", u32(c.swa_window));
-  w.set("dory.input_layer_count", u32(c.n_input));
-  w.set("dory.recurrent_layer_count", u32(c.n_recurrent));
-  w.set("dory.output_layer_count", u32(c.n_output));
-  w.set("dory.recurrent_loop_count", u32(c.n_loops));
-  w.set("dory.layer_pattern", Value::str(c.pattern));
-  w.set("dory.recurrent_kv_cache_mode", Value::str(kv_mode_name(c.kv_mode)));
-  std::vector<int32_t> prof(c.rope_profile.begin(), c.rope_profile.end());
-  w.set("dory.rope.profile", Value::i32s(prof));
-  w.set("dory.rope.freq_base_2", f32(c.rope_theta_2));
-  w.set("dory.init_std", f32(c.init_std));
-  w.set("dory.alpha_init", f32(c.alpha_init));
-  w.set("dory.gate_init", f32(c.g0()));
+  // Every key of the table, in its order; the special ones by what they carry.
+  for (const ConfigKey& k : config_keys()) {
+    if (!k.gguf || !k.write) continue;
+    const std::string g = k.gguf;
+    switch (k.kind) {
+      case K::Int: w.set(g, u32(c.*k.i)); break;
+      case K::Float: w.set(g, f32(c.*k.f)); break;
+      case K::String: w.set(g, Value::str(c.*k.s)); break;
+      case K::Special:
+        if (g == "dory.attention.key_length" || g == "dory.attention.value_length") {
+          w.set(g, u32(c.head_dim));
+        } else if (g == "dory.rope.dimension_count") {
+          w.set(g, u32(c.rotary_dims(1)));
+        } else if (g == "dory.recurrent_kv_cache_mode") {
+          w.set(g, Value::str(kv_mode_name(c.kv_mode)));
+        } else if (g == "dory.rope.profile") {
+          w.set(g, Value::i32s(std::vector<int32_t>(c.rope_profile.begin(), c.rope_profile.end())));
+        } else if (g == "dory.gate_init") {
+          w.set(g, f32(c.g0()));
+        } else {
+          throw std::logic_error("write_dory_metadata: no writer for " + g);
+        }
+        break;
+    }
+  }
 }
 
 std::string write_tokenizer_metadata(gguf::Writer& w, const std::string& dir, int64_t vocab) {

@@ -7,59 +7,20 @@
 
 namespace dory {
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::Q8_0: return "Q8_0";
-    case DType::Q4_0: return "Q4_0";
-    case DType::Q4_K: return "Q4_K";
-    case DType::Q5_K: return "Q5_K";
-    case DType::Q6_K: return "Q6_K";
-  }
-  return "?";
-}
+const char* dtype_name(DType t) { return dtype_traits(t).name; }
 
 int dtype_size(DType t) {
-  switch (t) {
-    case DType::F32: return 4;
-    case DType::F16:
-    case DType::BF16: return 2;
-    default: break;
-  }
-  throw std::logic_error(std::string("dtype_size: ") + dtype_name(t) +
-                         " is a block type; use row_bytes()");
+  const DTypeTraits& d = dtype_traits(t);
+  if (d.quantized)
+    throw std::logic_error(std::string("dtype_size: ") + d.name + " is a block type; use row_bytes()");
+  return d.block_bytes;
 }
 
-bool dtype_is_quantized(DType t) {
-  return t != DType::F32 && t != DType::F16 && t != DType::BF16;
-}
+bool dtype_is_quantized(DType t) { return dtype_traits(t).quantized; }
 
-int dtype_block_elems(DType t) {
-  switch (t) {
-    case DType::Q8_0:
-    case DType::Q4_0: return 32;
-    case DType::Q4_K:
-    case DType::Q5_K:
-    case DType::Q6_K: return QK_K;
-    default: return 1;
-  }
-}
+int dtype_block_elems(DType t) { return dtype_traits(t).block_elems; }
 
-int dtype_block_bytes(DType t) {
-  switch (t) {
-    case DType::F32: return 4;
-    case DType::F16:
-    case DType::BF16: return 2;
-    case DType::Q8_0: return sizeof(block_q8_0);
-    case DType::Q4_0: return sizeof(block_q4_0);
-    case DType::Q4_K: return sizeof(block_q4_K);
-    case DType::Q5_K: return sizeof(block_q5_K);
-    case DType::Q6_K: return sizeof(block_q6_K);
-  }
-  return 0;
-}
+int dtype_block_bytes(DType t) { return dtype_traits(t).block_bytes; }
 
 bool dtype_row_ok(DType t, int64_t cols) { return cols >= 0 && cols % dtype_block_elems(t) == 0; }
 
@@ -78,11 +39,12 @@ uint64_t tensor_bytes(DType t, const std::vector<int64_t>& shape) {
 }
 
 bool parse_safetensors_dtype(const std::string& s, DType* out) {
-  if (s == "F32") *out = DType::F32;
-  else if (s == "F16") *out = DType::F16;
-  else if (s == "BF16") *out = DType::BF16;
-  else return false;
-  return true;
+  for (const DTypeTraits& d : all_dtypes())
+    if (d.safetensors && s == d.safetensors) {
+      *out = d.type;
+      return true;
+    }
+  return false;
 }
 
 float f16_to_f32(uint16_t h) {
@@ -477,80 +439,120 @@ void scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
   }
 }
 
+namespace {
+
+// Each type's whole blocks to and from float (the bodies of the table's function pointers).
+void deq_f32(const void* src, float* dst, int64_t n) { std::memcpy(dst, src, n * 4); }
+void deq_bf16(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_u16(b + 2 * i));
+}
+void deq_f16(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load_u16(b + 2 * i));
+}
+void deq_q8_0(const void* src, float* dst, int64_t n) {
+  dequant_q8_0(static_cast<const block_q8_0*>(src), dst, n / QK8_0);
+}
+void deq_q4_0(const void* src, float* dst, int64_t n) {
+  dequant_q4_0(static_cast<const block_q4_0*>(src), dst, n / QK4_0);
+}
+void deq_q4_k(const void* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    const auto* x = static_cast<const block_q4_K*>(src) + i;
+    dequant_k45(&x->d, x->scales, nullptr, x->qs, dst + i * QK_K);
+  }
+}
+void deq_q5_k(const void* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    const auto* x = static_cast<const block_q5_K*>(src) + i;
+    dequant_k45(&x->d, x->scales, x->qh, x->qs, dst + i * QK_K);
+  }
+}
+void deq_q6_k(const void* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n / QK_K; ++i) dequant_q6_K(static_cast<const block_q6_K*>(src) + i, dst + i * QK_K);
+}
+
+void q_f32(const float* src, void* dst, int64_t n) { std::memcpy(dst, src, n * 4); }
+void q_bf16(const float* src, void* dst, int64_t n) {
+  auto* b = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &src[i], 4);
+    uint16_t h;
+    if ((u & 0x7fffffffu) > 0x7f800000u) h = static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+    else h = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+    std::memcpy(b + 2 * i, &h, 2);
+  }
+}
+void q_f16(const float* src, void* dst, int64_t n) {
+  auto* b = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = f32_to_f16(src[i]);
+    std::memcpy(b + 2 * i, &h, 2);
+  }
+}
+void q_q8_0(const float* src, void* dst, int64_t n) { quant_q8_0(src, static_cast<block_q8_0*>(dst), n / QK8_0); }
+void q_q4_0(const float* src, void* dst, int64_t n) { quant_q4_0(src, static_cast<block_q4_0*>(dst), n / QK4_0); }
+void q_q4_k(const float* src, void* dst, int64_t n) {
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    auto* y = static_cast<block_q4_K*>(dst) + i;
+    quant_k45(src + i * QK_K, 15, -1.0f, 20, &y->d, y->scales, nullptr, y->qs);
+  }
+}
+void q_q5_k(const float* src, void* dst, int64_t n) {
+  for (int64_t i = 0; i < n / QK_K; ++i) {
+    auto* y = static_cast<block_q5_K*>(dst) + i;
+    quant_k45(src + i * QK_K, 31, -0.5f, 15, &y->d, y->scales, y->qh, y->qs);
+  }
+}
+void q_q6_k(const float* src, void* dst, int64_t n) {
+  for (int64_t i = 0; i < n / QK_K; ++i) quant_q6_K(src + i * QK_K, static_cast<block_q6_K*>(dst) + i);
+}
+
+// The table. Its order is DType's; the GGUF ids are ggml's enum values (ggml.h: GGML_TYPE_*).
+// (A function's static, so a table read during another file's static initialization is built.)
+const std::vector<DTypeTraits>& table() {
+  static const std::vector<DTypeTraits> t = {
+    {DType::F32, "F32", 1, 4, 0, "F32", false, deq_f32, q_f32, "float GEMM / matvec"},
+    {DType::F16, "F16", 1, 2, 1, "F16", false, deq_f16, q_f16, "float GEMM / matvec (F16C)"},
+    {DType::BF16, "BF16", 1, 2, 30, "BF16", false, deq_bf16, q_bf16, "float GEMM / matvec; vdpbf16ps"},
+    {DType::Q8_0, "Q8_0", QK8_0, sizeof(block_q8_0), 8, nullptr, true, deq_q8_0, q_q8_0, "int8 dot (matvec_qa, gemm)"},
+    {DType::Q4_0, "Q4_0", QK4_0, sizeof(block_q4_0), 2, nullptr, true, deq_q4_0, q_q4_0, "int8 dot (matvec_qa, gemm)"},
+    {DType::Q4_K, "Q4_K", QK_K, sizeof(block_q4_K), 12, nullptr, true, deq_q4_k, q_q4_k, "int8 dot (matvec_qa, gemm)"},
+    {DType::Q5_K, "Q5_K", QK_K, sizeof(block_q5_K), 13, nullptr, true, deq_q5_k, q_q5_k, "int8 dot (matvec_qa, gemm)"},
+    {DType::Q6_K, "Q6_K", QK_K, sizeof(block_q6_K), 14, nullptr, true, deq_q6_k, q_q6_k, "int8 dot (matvec_qa, gemm)"},
+  };
+  return t;
+}
+
+}  // namespace
+
+const std::vector<DTypeTraits>& all_dtypes() { return table(); }
+
+const DTypeTraits& dtype_traits(DType t) {
+  const auto& tb = table();
+  const size_t i = static_cast<size_t>(t);
+  if (i >= tb.size() || tb[i].type != t) throw std::logic_error("dtype_traits: no row for this type");
+  return tb[i];
+}
+
+const DTypeTraits* dtype_from_ggml_id(uint32_t id) {
+  for (const DTypeTraits& d : table())
+    if (d.ggml_id == id) return &d;
+  return nullptr;
+}
+
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   check_blocks(t, n);
   if (n == 0) return;  // a tensor with no elements may have no data pointer at all
-  const auto* b = static_cast<const uint8_t*>(src);
-  switch (t) {
-    case DType::F32: std::memcpy(dst, src, n * 4); break;
-    case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_u16(b + 2 * i));
-      break;
-    case DType::F16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load_u16(b + 2 * i));
-      break;
-    case DType::Q8_0: dequant_q8_0(static_cast<const block_q8_0*>(src), dst, n / QK8_0); break;
-    case DType::Q4_0: dequant_q4_0(static_cast<const block_q4_0*>(src), dst, n / QK4_0); break;
-    case DType::Q4_K:
-      for (int64_t i = 0; i < n / QK_K; ++i) {
-        const auto* x = static_cast<const block_q4_K*>(src) + i;
-        dequant_k45(&x->d, x->scales, nullptr, x->qs, dst + i * QK_K);
-      }
-      break;
-    case DType::Q5_K:
-      for (int64_t i = 0; i < n / QK_K; ++i) {
-        const auto* x = static_cast<const block_q5_K*>(src) + i;
-        dequant_k45(&x->d, x->scales, x->qh, x->qs, dst + i * QK_K);
-      }
-      break;
-    case DType::Q6_K:
-      for (int64_t i = 0; i < n / QK_K; ++i)
-        dequant_q6_K(static_cast<const block_q6_K*>(src) + i, dst + i * QK_K);
-      break;
-  }
+  dtype_traits(t).dequantize(src, dst, n);
 }
 
 void quantize_row(DType t, const float* src, void* dst, int64_t n) {
   check_blocks(t, n);
   if (n == 0) return;
-  auto* b = static_cast<uint8_t*>(dst);
-  switch (t) {
-    case DType::F32: std::memcpy(dst, src, n * 4); break;
-    case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint32_t u;
-        std::memcpy(&u, &src[i], 4);
-        uint16_t h;
-        if ((u & 0x7fffffffu) > 0x7f800000u) h = static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-        else h = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-        std::memcpy(b + 2 * i, &h, 2);
-      }
-      break;
-    case DType::F16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = f32_to_f16(src[i]);
-        std::memcpy(b + 2 * i, &h, 2);
-      }
-      break;
-    case DType::Q8_0: quant_q8_0(src, static_cast<block_q8_0*>(dst), n / QK8_0); break;
-    case DType::Q4_0: quant_q4_0(src, static_cast<block_q4_0*>(dst), n / QK4_0); break;
-    case DType::Q4_K:
-      for (int64_t i = 0; i < n / QK_K; ++i) {
-        auto* y = static_cast<block_q4_K*>(dst) + i;
-        quant_k45(src + i * QK_K, 15, -1.0f, 20, &y->d, y->scales, nullptr, y->qs);
-      }
-      break;
-    case DType::Q5_K:
-      for (int64_t i = 0; i < n / QK_K; ++i) {
-        auto* y = static_cast<block_q5_K*>(dst) + i;
-        quant_k45(src + i * QK_K, 31, -0.5f, 15, &y->d, y->scales, y->qh, y->qs);
-      }
-      break;
-    case DType::Q6_K:
-      for (int64_t i = 0; i < n / QK_K; ++i)
-        quant_q6_K(src + i * QK_K, static_cast<block_q6_K*>(dst) + i);
-      break;
-  }
+  dtype_traits(t).quantize(src, dst, n);
 }
 
 namespace quant {

@@ -11,6 +11,30 @@ namespace dory {
 // byte layouts (tensor/quant.h), so GGUF data is used in place.
 enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K };
 
+// Everything the engine knows about a dtype, in one row of one table (dtype.cpp): the
+// converters, the GGUF reader and writer, the safetensors reader and the kernels read it
+// rather than switching on the type.
+struct DTypeTraits {
+  DType type;
+  const char* name;         // "Q4_K": dory info, errors, --type lists
+  int block_elems;          // 1 for the float types, 32 (Q8_0, Q4_0), 256 (K types)
+  int block_bytes;          // bytes per block (per element for the float types)
+  uint32_t ggml_id;         // the GGUF tensor type (ggml's enum)
+  const char* safetensors;  // the safetensors dtype string, or nullptr: not in safetensors
+  bool quantized;           // a block type: products quantize their input to int8
+  // Whole blocks of n elements to float / from float (tensor/quant.h: ggml's bits).
+  void (*dequantize)(const void* src, float* dst, int64_t n);
+  void (*quantize)(const float* src, void* dst, int64_t n);
+  // Which CPU kernels run it (kernels.h), for dory info and the docs.
+  const char* kernels;
+};
+// The row of t; every DType has one.
+const DTypeTraits& dtype_traits(DType t);
+// The whole table, in DType order.
+const std::vector<DTypeTraits>& all_dtypes();
+// The type whose GGUF id / safetensors string is `id`; nullptr when none.
+const DTypeTraits* dtype_from_ggml_id(uint32_t id);
+
 const char* dtype_name(DType t);
 // Bytes per element of a float type (4 or 2). Quantized types have no
 // per-element size: it throws std::logic_error for them; use row_bytes().

@@ -594,15 +594,8 @@ inline const uint8_t* quantized_input(DType t, const float* x, int64_t T, int64_
   return s.buf;
 }
 
-inline uint64_t qrow_bytes(DType t, int64_t cols) {
-  switch (t) {
-    case DType::Q8_0: return cols / 32 * 34;
-    case DType::Q4_0: return cols / 32 * 18;
-    case DType::Q4_K: return cols / 256 * 144;
-    case DType::Q5_K: return cols / 256 * 176;
-    default: return cols / 256 * 210;
-  }
-}
+// Bytes of a row of `cols` weights (the dtype table's block size; once per product).
+inline uint64_t qrow_bytes(DType t, int64_t cols) { return row_bytes(t, cols); }
 
 // Rows one at a time, one stream per task: its first kStreamAhead bytes are
 // asked for at once, the rest by the AVX-512 row kernels a few lines per step
