@@ -3,7 +3,7 @@
 
 Writes DIR/config.json and DIR/model.safetensors (or, with --shards N,
 DIR/model-0000i-of-0000N.safetensors plus DIR/model.safetensors.index.json).
-Tensors are exactly those of SPEC section 1; values are random but scaled so the
+Tensors are exactly those of docs/model.md section 1; values are random but scaled so the
 forward pass is numerically interesting (see `Init` below).
 
 Usage:
@@ -102,7 +102,7 @@ PRESETS = {
     },
 }
 
-ELEMENTS_4B = 3975229440  # SPEC section 1
+ELEMENTS_4B = 3975229440  # docs/model.md section 1
 
 
 def default_rope_profiles(preset, pattern):

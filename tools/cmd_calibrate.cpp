@@ -1,4 +1,4 @@
-// dory calibrate -m MODEL -f TEXT -o OUT.gguf: fits a "turbo" model file (SPEC
+// dory calibrate -m MODEL -f TEXT -o OUT.gguf: fits a "turbo" model file (docs/model.md
 // section 7) from the model's own activations on TEXT:
 //  - the recon router: the states after pass 1 of tokens whose pass-1 and all-pass
 //    top tokens agree are "easy", the rest "hard"; each gets its mean and top-r

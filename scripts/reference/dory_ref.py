@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Float64 numpy reference of the Dory forward pass (SPEC sections 1 and 2).
+"""Float64 numpy reference of the Dory forward pass (docs/model.md sections 1 and 2).
 
 This is the oracle the C++ engine is tested against: it is written for clarity,
 straight from the formulas, and computes everything in float64.
@@ -239,7 +239,7 @@ def ridge_pinv(A, lam0=1e-6):
 
 
 class FarField:
-    """SPEC section 5 for one full-attention slot, written from the formulas."""
+    """docs/model.md section 5 for one full-attention slot, written from the formulas."""
 
     def __init__(self, o1, nh, nk, hd):
         self.m_max, self.w, self.sink, self.seal, self.clamp = o1
@@ -416,7 +416,7 @@ class Model:
         return y @ w[p + "o_proj.weight"].T
 
     def _attention_o1(self, i, q, k, v, g, pos, cache):
-        """A full layer with the far field: exact until the seal, then SPEC section 5.
+        """A full layer with the far field: exact until the seal, then docs/model.md section 5.
 
         At the start of a chunk the rows before it are final: seal over them once
         pos[0] >= seal, else fold those that left the window into the far field.
@@ -576,7 +576,7 @@ def run(model_dir, ids, loops=None, kv=None, chunk=None, chunks=None, loops_per_
     kv: "per_loop" or "last_loop" (default: config recurrent_kv_cache_mode).
     chunk: cut into chunks of this many rows; chunks: explicit chunk sizes.
     loops_per_chunk: a loop count per chunk (last_loop only).
-    o1: (m, w, sink, seal, clamp) for the far field of the full layers (SPEC section 5).
+    o1: (m, w, sink, seal, clamp) for the far field of the full layers (docs/model.md section 5).
     """
     if chunk is not None and chunks is not None:
         raise ValueError("give chunk or chunks, not both")

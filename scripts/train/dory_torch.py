@@ -1,10 +1,10 @@
-"""Dory (SPEC section 1) in PyTorch, written for training.
+"""Dory (docs/model.md section 1) in PyTorch, written for training.
 
 The module tree mirrors the Hugging Face tensor names, so `state_dict()` is a Dory
 checkpoint as published: `backbone.embeddings.weight`, `backbone.layers.{i}.mixer.*`,
 `backbone.layers.{i}.attn_alpha | mlp_alpha`, `lm_head.weight`, `lm_head.logit_scale`.
 The scale vectors are trained in the published parameterization: the forward pass uses
-them only through SPEC's formulas (|alpha*a0/sigma|, (sqk*sqrt(hd)/sigma)^2, ...).
+them only through the formulas of docs/model.md (|alpha*a0/sigma|, (sqk*sqrt(hd)/sigma)^2, ...).
 
 Two ways through the same layers:
   - forward(ids, loops): a whole batch of sequences at once, as in training (per_loop
@@ -30,7 +30,7 @@ def up(x):
 
 
 def nrm(x):
-    """n(x) = x / sqrt(sum x^2 + eps) over the last dim, in fp32 (SPEC: all norms in fp32)."""
+    """n(x) = x / sqrt(sum x^2 + eps) over the last dim, in fp32 (docs/model.md: all norms in fp32)."""
     xf = up(x)
     return xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + EPS)
 
@@ -153,7 +153,7 @@ class Dory(nn.Module):
             else:
                 raise ValueError(name)
 
-    # -- the pieces of SPEC's forward pass ----------------------------------------------
+    # -- the pieces of the forward pass of docs/model.md ----------------------------------------------
     def _residual(self, layer, x, y):
         c = self.cfg
         a = (up(layer.alpha) * (c.a0 / c.sigma)).abs()

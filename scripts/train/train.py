@@ -14,7 +14,7 @@ tokenizer.json, tokenizer_config.json}, OUT/dory-mini-ref.npz (the training code
 float64 logits on held-out text for both KV modes and several loop counts and chunk
 schedules: the engine's parity data) and OUT/train_log.json (losses, evaluation).
 
-What it trains (SPEC section 1): input block "S-", recurrent block "S-*-S-*-" run 1-4
+What it trains (docs/model.md section 1): input block "S-", recurrent block "S-*-S-*-" run 1-4
 times (a random loop count per step, mostly 2, so one loop is usable for early exit and
 more loops do not fall apart), output block "*-"; hidden 256, 4 query heads and 2 KV
 heads of 64, SwiGLU 768, vocabulary 4096, sliding window 256, context 4096. About 7.2M

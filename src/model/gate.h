@@ -1,4 +1,4 @@
-// Early exit (SPEC section 4): the decisions after a decode token's first
+// Early exit (docs/model.md section 4): the decisions after a decode token's first
 // recurrent pass. The forward pass itself lives in Session; this is the math.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// llama.cpp's Dory layout in GGUF (SPEC section 1): the metadata keys that
+// llama.cpp's Dory layout in GGUF (docs/model.md section 1): the metadata keys that
 // carry DoryConfig, and the tensor names. Scale vectors are stored raw (as in
 // the Hugging Face export); the loader folds their constants like it does for
 // safetensors, as llama.cpp's graph does.

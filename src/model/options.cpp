@@ -1,4 +1,4 @@
-// Parsing and printing of the runtime options of SPEC sections 4-6 (--gate,
+// Parsing and printing of the runtime options of docs/model.md sections 4-6 (--gate,
 // --o1, --exact): every bad value is one clear error naming the flag.
 #include <cmath>
 #include <cstdio>

@@ -1,4 +1,4 @@
-// A "turbo" model file (SPEC section 7): a Dory GGUF that also carries defaults
+// A "turbo" model file (docs/model.md section 7): a Dory GGUF that also carries defaults
 // for the runtime features and the tensors fitted for them by `dory calibrate`.
 //
 // Keys (all optional; any one makes the file a turbo file):

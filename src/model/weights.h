@@ -29,7 +29,7 @@ struct LayerWeights {
   std::vector<float> alpha;
 };
 
-// Defaults and fitted tensors a "turbo" model file carries (SPEC section 7),
+// Defaults and fitted tensors a "turbo" model file carries (docs/model.md section 7),
 // each used unless a flag says otherwise.
 struct Turbo {
   bool present = false;               // the file has any turbo key

@@ -249,7 +249,7 @@ class ParityLoops(EngineCase):
         for bad in (0, 17):
             with self.subTest(loops=bad):
                 r = self.run_engine_raw(m, token_ids(m), ["--loops", str(bad)])
-                # Loop counts are 1..16 (SPEC 1); a bad one is an error, not a crash.
+                # Loop counts are 1..16 (docs/model.md section 1); a bad one is an error, not a crash.
                 self.assertGreater(r.returncode, 0, "--loops %d was accepted (or crashed)" % bad)
 
     def test_loops_from_config(self):
@@ -354,7 +354,7 @@ class ParityFiles(EngineCase):
 
 
 class EngineErrors(EngineCase):
-    """Fixed-value config keys must be validated with an error naming the key (SPEC 1)."""
+    """Fixed-value config keys must be validated with an error naming the key (docs/model.md section 1)."""
 
     def test_fixed_keys_rejected(self):
         for sets, key in ((("ngpt=false",), "ngpt"),

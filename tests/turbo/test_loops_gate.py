@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Loops on demand, prompt loops and early exit (SPEC sections 3 and 4) against the
+"""Loops on demand, prompt loops and early exit (docs/model.md sections 3 and 4) against the
 float64 numpy reference, on the tiny random checkpoint of the parity tests.
 
     DORY_BIN=build/dory /usr/bin/python3 -m unittest discover -s tests/turbo -v

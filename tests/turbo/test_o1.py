@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The O(1) far field of the full-attention layers (SPEC section 5) against the numpy
+"""The O(1) far field of the full-attention layers (docs/model.md section 5) against the numpy
 reference's own implementation of the same formulas (scripts/reference/dory_ref.py,
 FarField), on the tiny random checkpoint: the seal, the window and sinks, the folding
 of rows that leave the window (once per position under last_loop), the Nystrom read.

@@ -1,6 +1,6 @@
-// The O(1) far field (SPEC section 5): the Nystrom read against exact attention
+// The O(1) far field (docs/model.md section 5): the Nystrom read against exact attention
 // where it should be close, constant memory after the seal, rollback limits,
-// and the gate's exit-rate tracker (SPEC section 4).
+// and the gate's exit-rate tracker (docs/model.md section 4).
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -217,7 +217,7 @@ TEST(Gate, TopProbabilityAndParsing) {
   for (const char* bad : {"conf", "conf:", "conf:2", "recon:x", "on", ""}) EXPECT_THROW(parse_gate(bad), Error) << bad;
 }
 
-// --- Rows kept exact (SPEC section 6) ---------------------------------------
+// --- Rows kept exact (docs/model.md section 6) ---------------------------------------
 
 // Keys on a smooth rank-2 trajectory, but one row has a component outside that
 // plane: its key residual is the largest, so it is chosen first, with its two
@@ -351,7 +351,7 @@ TEST(ExactRows, OptionsAreChecked) {
   EXPECT_FALSE(parse_exact("off").on);
 }
 
-// --- Turbo files (SPEC section 7) --------------------------------------------
+// --- Turbo files (docs/model.md section 7) --------------------------------------------
 
 namespace {
 std::string write_turbo_gguf(const std::function<void(gguf::Writer&)>& fill, const std::vector<std::vector<float>>& data) {

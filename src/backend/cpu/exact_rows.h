@@ -1,4 +1,4 @@
-// Rows kept exact past the seal (SPEC section 6). Landmarks lose rare facts (a
+// Rows kept exact past the seal (docs/model.md section 6). Landmarks lose rare facts (a
 // password, a number); at a prompt's end, before its last 512 rows, each sealed
 // full slot rebuilds its far field over all the prompt's rows with a budget of
 // chosen rows kept exact (pinned next to the sinks).

@@ -1,4 +1,4 @@
-// The O(1) far field of a full-attention slot (SPEC section 5): after the seal a
+// The O(1) far field of a full-attention slot (docs/model.md section 5): after the seal a
 // query attends exactly to the pinned rows (the `sink` first rows, and rows kept
 // exact by section 6) and to the recent window, and approximately, through m
 // Nystrom landmarks, to every other row, whose keys and values are folded into

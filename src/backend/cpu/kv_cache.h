@@ -31,11 +31,11 @@ class KvCache {
   KvCache& operator=(const KvCache&) = delete;
   ~KvCache();
 
-  // Full slots only, before the first write: the O(1) far field (SPEC section 5).
+  // Full slots only, before the first write: the O(1) far field (docs/model.md section 5).
   void enable_far(const O1Params& p, int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t ring_after_seal);
 
   // Full slots with the far field: keep rows for a later choice of exact rows
-  // (SPEC section 6), with this layer's weights [n_kv_head x 2].
+  // (docs/model.md section 6), with this layer's weights [n_kv_head x 2].
   void enable_exact(std::vector<float> layer_weights, int64_t budget, const std::string& spill_dir,
                     const std::string& tag);
   // At a prompt's end: rebuilds the far field over every row with the chosen rows
