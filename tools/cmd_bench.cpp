@@ -112,13 +112,14 @@ int run_bench(const BenchOpts& o) {
   const uint64_t bytes_tok = model->bytes_per_token(loops);
   std::printf("| model | size | params | loops | kv | threads | test | t/s | GB/s |\n");
   std::printf("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+  double tg_gbs = 0;  // the last tg row's effective GB/s
   auto row = [&](const char* kind, int n, const std::vector<double>& tps, bool gbs) {
     auto [m, sd] = mean_sd(tps);
     char gb[32] = "-";
     // Tokens the gate let out after one pass read the recurrent block once.
     const double one = gates.one_pass_share();
     const double btok = loops > 1 ? bytes_tok - one * double(bytes_tok - model->bytes_per_token(1)) : bytes_tok;
-    if (gbs) std::snprintf(gb, sizeof gb, "%.2f", m * btok / 1e9);
+    if (gbs) std::snprintf(gb, sizeof gb, "%.2f", m * btok / 1e9), tg_gbs = m * btok / 1e9;
     char test[64];
     if (o.depth > 0 && kind[0] == 't') std::snprintf(test, sizeof test, "%s%d @ d%lld", kind, n, (long long)o.depth);
     else std::snprintf(test, sizeof test, "%s%d", kind, n);
@@ -142,6 +143,9 @@ int run_bench(const BenchOpts& o) {
     for (int r = 0; r < o.reps; ++r) v.push_back(tg_once());
     row("tg", o.n_gen, v, true);
   }
+  if (const double bw = tg_gbs > 0 ? pool->measured_read_bandwidth() : 0; bw > 0)
+    std::fprintf(stderr, "%s: read bandwidth %.0f GB/s (a read-only kernel over 1 GiB); tg moved %.1f%% of it\n",
+                 pool->name(), bw / 1e9, 100.0 * tg_gbs * 1e9 / bw);
   if (gates.gated > 0)
     std::fprintf(stderr, "gate %s: %lld tokens gated, %.1f%% left after one pass (read-outs %lld, probes %lld)\n",
                  gate_name.c_str(), (long long)gates.gated, 100.0 * gates.one_pass_share(),

@@ -94,6 +94,10 @@ class Backend {
   // host threads: fn(i) for i in [0, n), returning when all are done.
   virtual void host_parallel(int64_t n, const std::function<void(int64_t)>& fn) = 0;
   virtual int host_threads() const = 0;
+  // Bytes a second the device's memory gives a read-only kernel of this backend (what dory
+  // bench sets decode against); 0 where the backend does not measure it (the CPU: see
+  // bench/stream.c and bench/peer_ab.sh).
+  virtual double measured_read_bandwidth() { return 0; }
 };
 
 // The backends this binary was built with, in order of preference ("cuda", "cpu").

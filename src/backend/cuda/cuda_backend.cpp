@@ -1,0 +1,480 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "dory/error.h"
+#include "model/weights.h"
+#include "tensor/kernels.h"
+
+namespace dory {
+
+namespace {
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+std::string gib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
+  return buf;
+}
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear it: no driver or no device means "none"
+    return 0;
+  }
+  return n;
+}
+
+double cuda_read_bandwidth() {
+  if (cuda_device_count() == 0) return 0;
+  size_t free_b = 0, total = 0;
+  ck(cudaMemGetInfo(&free_b, &total), "cudaMemGetInfo");
+  const uint64_t bytes = std::min<uint64_t>(1ull << 30, free_b / 4) & ~uint64_t(15);
+  if (bytes < (16u << 20)) return 0;
+  cuda::DevBuf buf(bytes);
+  ck(cudaMemset(buf.get(), 1, bytes), "cudaMemset");
+  return bytes / cuda::read_probe(buf.get(), bytes, 5);
+}
+
+std::string cuda_device_report() {
+  if (cuda_device_count() == 0) return "no CUDA device found (driver or device missing)";
+  cudaDeviceProp p{};
+  ck(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+  size_t free_b = 0, total = 0;
+  ck(cudaMemGetInfo(&free_b, &total), "cudaMemGetInfo");
+  // The read bandwidth the backend's own read-only kernel gets over 1 GiB (or a quarter of
+  // what is free), 16-byte streaming loads, median-free mean of 5 passes after a warm-up.
+  const uint64_t bytes = std::min<uint64_t>(1ull << 30, free_b / 4) & ~uint64_t(15);
+  char line[640];
+  std::string bw = "not measured";
+  if (bytes >= (16u << 20)) {
+    cuda::DevBuf buf(bytes);
+    ck(cudaMemset(buf.get(), 1, bytes), "cudaMemset");
+    const double s = cuda::read_probe(buf.get(), bytes, 5);
+    std::snprintf(line, sizeof line, "read %.2f TB/s measured (a read-only kernel over %s)",
+                  bytes / s / 1e12, gib(bytes).c_str());
+    bw = line;
+  }
+  std::snprintf(line, sizeof line, "%s (sm_%d%d, %d SMs), %s (%s free), ", p.name, p.major, p.minor,
+                p.multiProcessorCount, gib(total).c_str(), gib(free_b).c_str());
+  return line + bw;
+}
+
+namespace cuda {
+
+DevBuf::DevBuf(size_t bytes) {
+  reserve(bytes);
+}
+
+DevBuf::~DevBuf() {
+  if (p_) cudaFree(p_);
+}
+
+DevBuf& DevBuf::operator=(DevBuf&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFree(p_);
+    p_ = o.p_, n_ = o.n_;
+    o.p_ = nullptr, o.n_ = 0;
+  }
+  return *this;
+}
+
+void DevBuf::reserve(size_t bytes) {
+  if (bytes <= n_) return;
+  if (p_) cudaFree(p_);
+  p_ = nullptr;
+  n_ = 0;
+  ck(cudaMalloc(&p_, bytes), ("cudaMalloc of " + gib(bytes)).c_str());
+  n_ = bytes;
+}
+
+void DevKv::begin_write(int64_t /*start*/, int64_t end) {
+  const int64_t want = ring ? std::min(end, ring) : end;
+  if (want > cap) {
+    // Full slots grow geometrically, keeping their rows; rings are made once at full size.
+    const int64_t ncap = ring ? ring : std::max<int64_t>(want, cap * 3 / 2 + 16);
+    DevBuf nk(ncap * width * sizeof(float)), nv(ncap * width * sizeof(float));
+    if (cap > 0) {
+      ck(cudaMemcpy(nk.get(), k.get(), cap * width * sizeof(float), cudaMemcpyDeviceToDevice),
+         "KV copy");
+      ck(cudaMemcpy(nv.get(), v.get(), cap * width * sizeof(float), cudaMemcpyDeviceToDevice),
+         "KV copy");
+    }
+    k = std::move(nk);
+    v = std::move(nv);
+    cap = ncap;
+  }
+  rows = end;
+  if (ring) first = std::max(first, end - ring);
+}
+
+}  // namespace cuda
+
+// ---- one sequence's caches ----
+
+CudaCaches::CudaCaches(const DoryConfig& c, const CacheSpec& spec) : c_(c), spec_(spec) {
+  if (spec.o1.on)
+    throw Error(
+        "--device cuda: the far field (--o1) and exact rows run on the CPU backend only so far "
+        "(give "
+        "--o1 off, or --device cpu)");
+  slots_.resize(c.n_layer);
+}
+
+void CudaCaches::prepare(std::span<const Step> plan, int64_t pos) {
+  const int64_t ring = c_.swa_window + spec_.rewind_margin + spec_.chunk;
+  for (const Step& st : plan) {
+    if (st.op != Step::Op::Layer || !c_.is_attention(st.layer)) continue;
+    auto& slots = slots_[st.layer];
+    if (static_cast<int>(slots.size()) <= st.slot) slots.resize(st.slot + 1);
+    if (slots[st.slot]) continue;
+    auto kv = std::make_unique<cuda::DevKv>();
+    kv->width = c_.n_kv_head * c_.head_dim;
+    kv->ring = c_.is_sliding(st.layer) ? ring : 0;
+    // A slot first used mid-sequence starts from the deepest one that exists.
+    cuda::DevKv* seed = nullptr;
+    for (int l = st.slot - 1; l >= 0 && !seed; --l) seed = slots[l].get();
+    if (seed && pos > 0 && seed->cap > 0) {
+      kv->begin_write(0, seed->cap);
+      const size_t b = seed->cap * seed->width * sizeof(float);
+      ck(cudaMemcpy(kv->k.get(), seed->k.get(), b, cudaMemcpyDeviceToDevice), "KV seed copy");
+      ck(cudaMemcpy(kv->v.get(), seed->v.get(), b, cudaMemcpyDeviceToDevice), "KV seed copy");
+      kv->rows = seed->rows;
+      kv->first = seed->first;
+    }
+    slots[st.slot] = std::move(kv);
+  }
+}
+
+void CudaCaches::check_rollback(int64_t n) const {
+  for (int64_t layer = 0; layer < c_.n_layer; ++layer)
+    for (const auto& kv : slots_[layer]) {
+      if (!kv || !kv->ring) continue;
+      const int64_t floor = kv->first > 0 ? kv->first + c_.swa_window - 1 : 0;
+      if (n < floor)
+        throw Error("cannot roll back to position " + std::to_string(n) + ": layer " +
+                    std::to_string(layer) + " keeps its sliding window only from position " +
+                    std::to_string(floor) +
+                    " on (raise the rewind margin, or start a new session)");
+    }
+}
+
+void CudaCaches::truncate(int64_t n) {
+  for (auto& per_layer : slots_)
+    for (auto& kv : per_layer)
+      if (kv) {
+        kv->rows = std::min(kv->rows, n);
+        kv->first = std::min(kv->first, kv->rows);
+      }
+}
+
+KvBytes CudaCaches::bytes() const {
+  KvBytes b;
+  for (const auto& per_layer : slots_)
+    for (const auto& kv : per_layer)
+      if (kv) b.exact += 2 * kv->cap * kv->width * sizeof(float);
+  return b;
+}
+
+// ---- the backend ----
+
+namespace {
+// The input form the CPU backend's kernels give a product on these weights (kernels.h: Act).
+cuda::Act act_for(const cuda::DevMat& w, bool bf16_input) {
+  switch (static_cast<DType>(w.dtype)) {
+    case DType::BF16:
+      return bf16_input ? cuda::Act::Bf16 : cuda::Act::Float;
+    case DType::Q8_0:
+    case DType::Q4_0:
+      return cuda::Act::Block32;
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return cuda::Act::Block256;
+    default:
+      return cuda::Act::Float;
+  }
+}
+}  // namespace
+
+struct CudaBackend::Layer {
+  char kind = '-';
+  int rope_profile = 1;
+  cuda::DevMat wq, wk, wv, wg, wo, w_gate, w_up, w_down;
+  float *q_scale = nullptr, *gate_scale = nullptr, *suv_gate = nullptr, *suv_up = nullptr,
+        *alpha = nullptr;
+};
+
+CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
+    : model_(std::move(model)),
+      pool_(host_threads > 0 ? host_threads : ThreadPool::default_threads()) {
+  if (cuda_device_count() == 0)
+    throw Error(
+        "--device cuda: no CUDA device found (is the NVIDIA driver loaded and a GPU visible?)");
+  ck(cudaSetDevice(0), "cudaSetDevice");
+  cudaStream_t s;
+  ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  stream_ = s;
+  cuda::set_stream(s);
+  const Weights& w = model_->weights();
+  const DoryConfig& c = w.cfg;
+  bf16_input_ = kern::kernels().bf16_input;
+
+  // What goes up: every matrix as its file's blocks, the folded float vectors.
+  uint64_t need = kern::mat_bytes(w.lm_head) + c.vocab * sizeof(float);
+  for (const LayerWeights& L : w.layers) {
+    for (const kern::Mat* m : {&L.wq, &L.wk, &L.wv, &L.wg, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      if (m->data) need += kern::mat_bytes(*m);
+    need += (L.q_scale.size() + L.gate_scale.size() + L.suv_gate.size() + L.suv_up.size() +
+             L.alpha.size()) *
+            4;
+  }
+  size_t free_b = 0, total = 0;
+  ck(cudaMemGetInfo(&free_b, &total), "cudaMemGetInfo");
+  cudaDeviceProp p{};
+  ck(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+  // A margin for the pass buffers and the KV caches of a first request.
+  const uint64_t margin = 512ull << 20;
+  if (need + margin > free_b)
+    throw Error("--device cuda: the model's weights need " + gib(need) + " of GPU memory (plus " +
+                gib(margin) + " for caches and buffers); " + p.name + " has " + gib(free_b) +
+                " free of " + gib(total));
+
+  const bool show = need > (1ull << 30);
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t done = 0;
+  auto up = [&](const void* src, size_t bytes) -> void* {
+    store_.emplace_back(bytes);
+    ck(cudaMemcpy(store_.back().get(), src, bytes, cudaMemcpyHostToDevice), "weight upload");
+    done += bytes;
+    if (show)
+      std::fprintf(stderr, "\ruploading weights to %s: %s / %s", p.name, gib(done).c_str(),
+                   gib(need).c_str());
+    return store_.back().get();
+  };
+  auto mat = [&](const kern::Mat& m) {
+    cuda::DevMat d;
+    if (!m.data) return d;
+    d.dtype = static_cast<int>(m.dtype);
+    d.rows = m.rows;
+    d.cols = m.cols;
+    d.data = up(m.data, kern::mat_bytes(m));
+    return d;
+  };
+  auto vec = [&](const std::vector<float>& v) {
+    return v.empty() ? nullptr : static_cast<float*>(up(v.data(), v.size() * sizeof(float)));
+  };
+  store_.reserve(16 * w.layers.size() + 4);
+  layers_.resize(w.layers.size());
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerWeights& L = w.layers[i];
+    Layer& D = layers_[i];
+    D.kind = L.kind;
+    D.rope_profile = L.rope_profile;
+    D.wq = mat(L.wq), D.wk = mat(L.wk), D.wv = mat(L.wv), D.wg = mat(L.wg), D.wo = mat(L.wo);
+    D.w_gate = mat(L.w_gate), D.w_up = mat(L.w_up), D.w_down = mat(L.w_down);
+    D.q_scale = vec(L.q_scale), D.gate_scale = vec(L.gate_scale);
+    D.suv_gate = vec(L.suv_gate), D.suv_up = vec(L.suv_up), D.alpha = vec(L.alpha);
+  }
+  lm_head_ = mat(w.lm_head);
+  logit_scale_ = vec(w.logit_scale);
+  weight_bytes_ = done;
+  if (show) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "\ruploading weights to %s: %s in %.1f s\n", p.name, gib(done).c_str(), s);
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "cuda: %s, %s of weights on the device", p.name,
+                gib(weight_bytes_).c_str());
+  describe_ = buf;
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  if (pinned_) cudaFreeHost(pinned_);
+  store_.clear();
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+std::unique_ptr<SeqCaches> CudaBackend::new_caches(const CacheSpec& spec) {
+  return std::make_unique<CudaCaches>(model_->config(), spec);
+}
+
+void CudaBackend::reserve(int64_t T) {
+  if (T <= cap_T_) return;
+  const DoryConfig& c = model_->config();
+  const int64_t H = c.hidden, QW = c.n_head * c.head_dim, KW = c.n_kv_head * c.head_dim, F = c.ffn;
+  const size_t f = sizeof(float);
+  for (auto* b : {&x_, &inp_, &state_, &out_}) b->reserve(T * H * f);
+  for (auto* b : {&q_, &g_, &att_}) b->reserve(T * QW * f);
+  for (auto* b : {&k_, &v_}) b->reserve(T * KW * f);
+  for (auto* b : {&ffg_, &ffu_}) b->reserve(T * F * f);
+  act_.reserve(T * std::max({H, QW, F}) * f);
+  idx_.reserve(T * sizeof(int64_t));
+  cap_T_ = T;
+}
+
+void CudaBackend::begin(const PassRows& r) {
+  const DoryConfig& c = model_->config();
+  const int64_t T = static_cast<int64_t>(r.ids.size()), H = c.hidden;
+  T_ = T;
+  pos_.resize(T);
+  seq_.resize(T);
+  for (int64_t t = 0; t < T; ++t) {
+    pos_[t] = r.pos.empty() ? r.start + t : r.pos[t];
+    seq_[t] = r.seq.empty() ? 0 : r.seq[t];
+  }
+  caches_.resize(r.caches.size());
+  for (size_t i = 0; i < r.caches.size(); ++i) caches_[i] = static_cast<CudaCaches*>(r.caches[i]);
+  reserve(T);
+  // The previous pass's row tables may still be on their way: wait, then reuse them.
+  ck(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "pass start");
+  pinned_used_ = 0;
+  // The embedding rows are dequantized on the host (a row a token) and go up together.
+  host_.resize(T * H);
+  for (int64_t t = 0; t < T; ++t)
+    model_->weights().embd.to_f32(int64_t(r.ids[t]) * H, H, host_.data() + t * H);
+  ck(cudaMemcpyAsync(x_.get(), host_.data(), T * H * sizeof(float), cudaMemcpyHostToDevice,
+                     static_cast<cudaStream_t>(stream_)),
+     "embedding upload");
+}
+
+void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y) {
+  cuda::linear(w, x, T, y, act_for(w, bf16_input_), act_.f());
+}
+
+void CudaBackend::attention_layer(const Layer& L, const Step& st) {
+  const DoryConfig& c = model_->config();
+  const int T = static_cast<int>(T_);
+  const int nh = static_cast<int>(c.n_head), nk = static_cast<int>(c.n_kv_head),
+            hd = static_cast<int>(c.head_dim);
+  lin(L.wq, x_.f(), T, q_.f());
+  lin(L.wk, x_.f(), T, k_.f());
+  lin(L.wv, x_.f(), T, v_.f());
+  lin(L.wg, x_.f(), T, g_.f());
+  // Each sequence's run of rows becomes writable in its cache slot (which may move when a
+  // full slot grows), then every row learns where its keys and values are.
+  cuda::AttnRow* rows = pinned_ + pinned_used_;
+  for (int t0 = 0, t1; t0 < T; t0 = t1) {
+    for (t1 = t0 + 1; t1 < T && seq_[t1] == seq_[t0];) ++t1;
+    caches_[seq_[t0]]->slot(st.layer, st.slot).begin_write(pos_[t0], pos_[t1 - 1] + 1);
+  }
+  const bool sliding = L.kind == 'S';
+  for (int t = 0; t < T; ++t) {
+    cuda::DevKv& kv = caches_[seq_[t]]->slot(st.layer, st.slot);
+    rows[t] = {kv.k.f(), kv.v.f(), kv.ring, pos_[t],
+               sliding ? std::max<int64_t>(0, pos_[t] - c.swa_window + 1) : 0};
+  }
+  auto* dr = static_cast<cuda::AttnRow*>(rows_.get()) + pinned_used_;
+  ck(cudaMemcpyAsync(dr, rows, T * sizeof(cuda::AttnRow), cudaMemcpyHostToDevice,
+                     static_cast<cudaStream_t>(stream_)),
+     "attention rows");
+  pinned_used_ += T;
+  const int prof = L.rope_profile;
+  const int rd = static_cast<int>(c.rotary_dims(prof));
+  cuda::qk_prepare(q_.f(), k_.f(), v_.f(), L.q_scale, dr, T, nh, nk, hd, rd / 2,
+                   prof == 1 ? c.rope_theta : c.rope_theta_2, rd);
+  cuda::attention(q_.f(), dr, T, nh, nk, hd, att_.f());
+  cuda::gate_norm(att_.f(), g_.f(), L.gate_scale, T, c.n_head * c.head_dim);
+  lin(L.wo, att_.f(), T, out_.f());
+  cuda::ngpt_residual(x_.f(), out_.f(), L.alpha, T, c.hidden);
+}
+
+void CudaBackend::mlp_layer(const Layer& L) {
+  const DoryConfig& c = model_->config();
+  const int T = static_cast<int>(T_);
+  lin(L.w_gate, x_.f(), T, ffg_.f());
+  lin(L.w_up, x_.f(), T, ffu_.f());
+  cuda::swiglu_norm(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, T, c.ffn);
+  lin(L.w_down, ffg_.f(), T, out_.f());
+  cuda::ngpt_residual(x_.f(), out_.f(), L.alpha, T, c.hidden);
+}
+
+void CudaBackend::steps(std::span<const Step> plan) {
+  const DoryConfig& c = model_->config();
+  const int T = static_cast<int>(T_);
+  const int64_t H = c.hidden;
+  // Room for this run's row tables (growing waits for the copies in flight to finish).
+  int64_t need = pinned_used_;
+  for (const Step& st : plan) need += st.op == Step::Op::Layer && c.is_attention(st.layer) ? T : 0;
+  if (need > pinned_cap_) {
+    ck(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "row tables");
+    const int64_t cap = std::max<int64_t>(need, pinned_cap_ * 2);
+    cuda::AttnRow* p = nullptr;
+    ck(cudaMallocHost(reinterpret_cast<void**>(&p), cap * sizeof(cuda::AttnRow)), "cudaMallocHost");
+    if (pinned_) {
+      std::copy_n(pinned_, pinned_used_, p);
+      cudaFreeHost(pinned_);
+    }
+    cuda::DevBuf d(cap * sizeof(cuda::AttnRow));
+    if (pinned_used_ > 0)
+      ck(cudaMemcpy(d.get(), rows_.get(), pinned_used_ * sizeof(cuda::AttnRow),
+                    cudaMemcpyDeviceToDevice),
+         "row tables");
+    rows_ = std::move(d);
+    pinned_ = p;
+    pinned_cap_ = cap;
+  }
+  for (const Step& st : plan) {
+    switch (st.op) {
+      case Step::Op::Layer: {
+        const Layer& L = layers_[st.layer];
+        if (L.kind == '-')
+          mlp_layer(L);
+        else
+          attention_layer(L, st);
+        break;
+      }
+      case Step::Op::LoopBegin:
+        cuda::loop_begin(x_.f(), state_.f(), inp_.f(), T, H, st.loop == 0);
+        break;
+      case Step::Op::LoopEnd:
+        cuda::loop_end(x_.f(), state_.f(), T, H);
+        break;
+      case Step::Op::OutputBegin:
+        ck(cudaMemcpyAsync(x_.get(), state_.get(), T * H * sizeof(float), cudaMemcpyDeviceToDevice,
+                           static_cast<cudaStream_t>(stream_)),
+           "output begin");
+        break;
+    }
+  }
+}
+
+void CudaBackend::logits(std::span<const int64_t> rows, float* out) {
+  if (rows.empty()) return;
+  const DoryConfig& c = model_->config();
+  const int n = static_cast<int>(rows.size());
+  const int64_t H = c.hidden, V = c.vocab;
+  auto st = static_cast<cudaStream_t>(stream_);
+  logits_.reserve(n * V * sizeof(float));
+  ck(cudaMemcpyAsync(idx_.get(), rows.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice, st),
+     "row index");
+  cuda::gather_rows(x_.f(), static_cast<const int64_t*>(idx_.get()), n, H, out_.f());
+  lin(lm_head_, out_.f(), n, logits_.f());
+  cuda::scale_cols(logits_.f(), logit_scale_, n, V);
+  ck(cudaMemcpyAsync(out, logits_.get(), n * V * sizeof(float), cudaMemcpyDeviceToHost, st),
+     "logits download");
+  ck(cudaStreamSynchronize(st), "logits");
+}
+
+void CudaBackend::state(std::span<const int64_t> rows, float* out) {
+  const int64_t H = model_->config().hidden;
+  auto st = static_cast<cudaStream_t>(stream_);
+  for (size_t r = 0; r < rows.size(); ++r)
+    ck(cudaMemcpyAsync(out + r * H, state_.f() + rows[r] * H, H * sizeof(float),
+                       cudaMemcpyDeviceToHost, st),
+       "state download");
+  ck(cudaStreamSynchronize(st), "state");
+}
+
+}  // namespace dory

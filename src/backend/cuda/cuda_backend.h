@@ -1,0 +1,129 @@
+// The CUDA backend: the model's weights uploaded once to the GPU at open, KV caches in GPU
+// memory, a pass as a sequence of kernels on one stream (kernels.h). Logits and recurrent
+// states cross to the host only for the rows asked for. The far field and exact rows are
+// the CPU backend's alone for now: a session that asks for them here is refused.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/pool.h"
+#include "backend/cuda/kernels.h"
+
+namespace dory {
+
+// How many CUDA devices this process sees (0 when the driver or a device is missing).
+int cuda_device_count();
+// Bytes a second the backend's read-only kernel gets from device memory (16-byte streaming
+// loads over 1 GiB, the mean of 5 passes after a warm-up); 0 without a device.
+double cuda_read_bandwidth();
+// "NVIDIA H100 80GB HBM3, 79.1 GiB (78.5 free), read 2.95 TB/s measured": one line for dory info.
+std::string cuda_device_report();
+
+namespace cuda {
+
+// A device allocation (cudaMalloc), freed with its owner.
+class DevBuf {
+ public:
+  DevBuf() = default;
+  explicit DevBuf(size_t bytes);
+  ~DevBuf();
+  DevBuf(DevBuf&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DevBuf& operator=(DevBuf&& o) noexcept;
+  DevBuf(const DevBuf&) = delete;
+  void* get() const { return p_; }
+  float* f() const { return static_cast<float*>(p_); }
+  size_t size() const { return n_; }
+  // At least `bytes`, growing (contents not kept) when smaller.
+  void reserve(size_t bytes);
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// One attention cache slot on the device: keys and values, a row of `width` floats per
+// position; a ring of `ring` rows for sliding layers, else every row (grown by copying).
+struct DevKv {
+  int64_t width = 0, ring = 0, cap = 0, rows = 0, first = 0;
+  DevBuf k, v;
+  void begin_write(int64_t start, int64_t end);
+};
+
+}  // namespace cuda
+
+class CudaCaches final : public SeqCaches {
+ public:
+  CudaCaches(const DoryConfig& c, const CacheSpec& spec);
+  void prepare(std::span<const Step> plan, int64_t pos) override;
+  void check_rollback(int64_t n) const override;
+  void truncate(int64_t n) override;
+  KvBytes bytes() const override;
+  bool exact_waiting() const override { return false; }
+  std::string rebuild_exact() override { return ""; }
+  std::vector<SlotFeatures> exact_features() override { return {}; }
+  cuda::DevKv& slot(int layer, int s) { return *slots_[layer][s]; }
+
+ private:
+  const DoryConfig& c_;
+  CacheSpec spec_;
+  std::vector<std::vector<std::unique_ptr<cuda::DevKv>>> slots_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // Uploads the weights (a progress line on stderr for large models). Throws Error when no
+  // device is there or the weights do not fit in its free memory (saying how much each is).
+  CudaBackend(std::shared_ptr<const Model> model, int host_threads);
+  ~CudaBackend() override;
+  const Model& model() const override { return *model_; }
+  std::shared_ptr<const Model> model_ptr() const override { return model_; }
+  const char* name() const override { return "cuda"; }
+  std::string describe() const override { return describe_; }
+  std::unique_ptr<SeqCaches> new_caches(const CacheSpec& spec) override;
+  void begin(const PassRows& rows) override;
+  void steps(std::span<const Step> plan) override;
+  void logits(std::span<const int64_t> rows, float* out) override;
+  void state(std::span<const int64_t> rows, float* out) override;
+  void host_parallel(int64_t n, const std::function<void(int64_t)>& fn) override {
+    pool_.run(n, fn);
+  }
+  int host_threads() const override { return pool_.size(); }
+  double measured_read_bandwidth() override { return cuda_read_bandwidth(); }
+  // Bytes of weights on the device.
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  struct Layer;
+  void attention_layer(const Layer& L, const Step& st);
+  void mlp_layer(const Layer& L);
+  void reserve(int64_t T);
+  // A product with its input taken as the CPU backend takes it (kernels.h: Act).
+  void lin(const cuda::DevMat& w, const float* x, int T, float* y);
+
+  std::shared_ptr<const Model> model_;
+  ThreadPool pool_;
+  std::string describe_;
+  void* stream_ = nullptr;
+  uint64_t weight_bytes_ = 0;
+  std::vector<cuda::DevBuf> store_;  // every weight allocation
+  std::vector<Layer> layers_;
+  cuda::DevMat lm_head_{};
+  float* logit_scale_ = nullptr;
+  // The pass in progress.
+  int64_t T_ = 0, cap_T_ = 0;
+  std::vector<int64_t> pos_;
+  std::vector<int32_t> seq_;
+  std::vector<CudaCaches*> caches_;
+  bool bf16_input_ = false;  // BF16 products round their input to bf16, as the CPU kernel set does
+  cuda::DevBuf x_, inp_, state_, q_, g_, att_, k_, v_, out_, ffg_, ffu_, logits_, rows_, idx_, act_;
+  std::vector<float> host_;
+  // The attention row tables of the pass in progress: written to pinned host memory, one
+  // table per attention step, copied without stalling the stream (a copy from pageable memory
+  // would wait for the GPU at every attention layer). Reused once the pass has synchronised.
+  cuda::AttnRow* pinned_ = nullptr;
+  int64_t pinned_cap_ = 0, pinned_used_ = 0;
+};
+
+}  // namespace dory
