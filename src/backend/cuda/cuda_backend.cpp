@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "dory/error.h"
 #include "model/weights.h"
@@ -229,6 +230,8 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
   const Weights& w = model_->weights();
   const DoryConfig& c = w.cfg;
   bf16_input_ = kern::kernels().bf16_input;
+  // DORY_CUDA_GRAPHS=0: every launch on its own (to compare, or to debug a kernel).
+  if (const char* g = std::getenv("DORY_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
 
   // What goes up: every matrix as its file's blocks, the folded float vectors.
   uint64_t need = kern::mat_bytes(w.lm_head) + c.vocab * sizeof(float);
@@ -301,6 +304,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  drop_graphs();
   if (pinned_) cudaFreeHost(pinned_);
   store_.clear();
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
@@ -312,6 +316,7 @@ std::unique_ptr<SeqCaches> CudaBackend::new_caches(const CacheSpec& spec) {
 
 void CudaBackend::reserve(int64_t T) {
   if (T <= cap_T_) return;
+  drop_graphs();  // they hold the old buffers' addresses
   const DoryConfig& c = model_->config();
   const int64_t H = c.hidden, QW = c.n_head * c.head_dim, KW = c.n_kv_head * c.head_dim, F = c.ffn;
   const size_t f = sizeof(float);
@@ -353,7 +358,29 @@ void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y) {
   cuda::linear(w, x, T, y, act_for(w, bf16_input_), act_.f());
 }
 
-void CudaBackend::attention_layer(const Layer& L, const Step& st) {
+// The host's part of an attention step, before any launch: each sequence's run of rows
+// becomes writable in its cache slot (a full slot may move when it grows), then every row's
+// entry of the step's table says where its keys and values are. Returns the table's offset.
+int64_t CudaBackend::write_rows(const Layer& L, const Step& st) {
+  const DoryConfig& c = model_->config();
+  const int T = static_cast<int>(T_);
+  for (int t0 = 0, t1; t0 < T; t0 = t1) {
+    for (t1 = t0 + 1; t1 < T && seq_[t1] == seq_[t0];) ++t1;
+    caches_[seq_[t0]]->slot(st.layer, st.slot).begin_write(pos_[t0], pos_[t1 - 1] + 1);
+  }
+  cuda::AttnRow* rows = pinned_ + pinned_used_;
+  const bool sliding = L.kind == 'S';
+  for (int t = 0; t < T; ++t) {
+    cuda::DevKv& kv = caches_[seq_[t]]->slot(st.layer, st.slot);
+    rows[t] = {kv.k.f(), kv.v.f(), kv.ring, pos_[t],
+               sliding ? std::max<int64_t>(0, pos_[t] - c.swa_window + 1) : 0};
+  }
+  const int64_t off = pinned_used_;
+  pinned_used_ += T;
+  return off;
+}
+
+void CudaBackend::attention_layer(const Layer& L, int64_t table) {
   const DoryConfig& c = model_->config();
   const int T = static_cast<int>(T_);
   const int nh = static_cast<int>(c.n_head), nk = static_cast<int>(c.n_kv_head),
@@ -362,24 +389,7 @@ void CudaBackend::attention_layer(const Layer& L, const Step& st) {
   lin(L.wk, x_.f(), T, k_.f());
   lin(L.wv, x_.f(), T, v_.f());
   lin(L.wg, x_.f(), T, g_.f());
-  // Each sequence's run of rows becomes writable in its cache slot (which may move when a
-  // full slot grows), then every row learns where its keys and values are.
-  cuda::AttnRow* rows = pinned_ + pinned_used_;
-  for (int t0 = 0, t1; t0 < T; t0 = t1) {
-    for (t1 = t0 + 1; t1 < T && seq_[t1] == seq_[t0];) ++t1;
-    caches_[seq_[t0]]->slot(st.layer, st.slot).begin_write(pos_[t0], pos_[t1 - 1] + 1);
-  }
-  const bool sliding = L.kind == 'S';
-  for (int t = 0; t < T; ++t) {
-    cuda::DevKv& kv = caches_[seq_[t]]->slot(st.layer, st.slot);
-    rows[t] = {kv.k.f(), kv.v.f(), kv.ring, pos_[t],
-               sliding ? std::max<int64_t>(0, pos_[t] - c.swa_window + 1) : 0};
-  }
-  auto* dr = static_cast<cuda::AttnRow*>(rows_.get()) + pinned_used_;
-  ck(cudaMemcpyAsync(dr, rows, T * sizeof(cuda::AttnRow), cudaMemcpyHostToDevice,
-                     static_cast<cudaStream_t>(stream_)),
-     "attention rows");
-  pinned_used_ += T;
+  const cuda::AttnRow* dr = static_cast<const cuda::AttnRow*>(rows_.get()) + table;
   const int prof = L.rope_profile;
   const int rd = static_cast<int>(c.rotary_dims(prof));
   cuda::qk_prepare(q_.f(), k_.f(), v_.f(), L.q_scale, dr, T, nh, nk, hd, rd / 2,
@@ -403,12 +413,13 @@ void CudaBackend::mlp_layer(const Layer& L) {
 void CudaBackend::steps(std::span<const Step> plan) {
   const DoryConfig& c = model_->config();
   const int T = static_cast<int>(T_);
-  const int64_t H = c.hidden;
-  // Room for this run's row tables (growing waits for the copies in flight to finish).
+  auto st = static_cast<cudaStream_t>(stream_);
+  // Room for this run's row tables (growing waits for the copies in flight to finish; the
+  // captured graphs read the old tables' addresses, so they go too).
   int64_t need = pinned_used_;
-  for (const Step& st : plan) need += st.op == Step::Op::Layer && c.is_attention(st.layer) ? T : 0;
+  for (const Step& s : plan) need += s.op == Step::Op::Layer && c.is_attention(s.layer) ? T : 0;
   if (need > pinned_cap_) {
-    ck(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "row tables");
+    ck(cudaStreamSynchronize(st), "row tables");
     const int64_t cap = std::max<int64_t>(need, pinned_cap_ * 2);
     cuda::AttnRow* p = nullptr;
     ck(cudaMallocHost(reinterpret_cast<void**>(&p), cap * sizeof(cuda::AttnRow)), "cudaMallocHost");
@@ -424,7 +435,49 @@ void CudaBackend::steps(std::span<const Step> plan) {
     rows_ = std::move(d);
     pinned_ = p;
     pinned_cap_ = cap;
+    drop_graphs();
   }
+  // 1. The host's part: cache slots and row tables, then one copy of all the tables.
+  const int64_t base = pinned_used_;
+  tables_.clear();
+  for (const Step& s : plan)
+    if (s.op == Step::Op::Layer && layers_[s.layer].kind != '-')
+      tables_.push_back(write_rows(layers_[s.layer], s));
+  if (pinned_used_ > base)
+    ck(cudaMemcpyAsync(static_cast<cuda::AttnRow*>(rows_.get()) + base, pinned_ + base,
+                       (pinned_used_ - base) * sizeof(cuda::AttnRow), cudaMemcpyHostToDevice, st),
+       "row tables");
+  // 2. The launches. A one-row pass (decode) replays a graph captured the first time this plan
+  // ran at this table offset: one launch instead of ~8 a layer.
+  if (T != 1 || !use_graphs_) return launch(plan);
+  std::string key(reinterpret_cast<const char*>(plan.data()), plan.size() * sizeof(Step));
+  key.append(reinterpret_cast<const char*>(&base), sizeof base);
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    cudaGraph_t g = nullptr;
+    ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "graph capture");
+    try {
+      launch(plan);
+    } catch (...) {
+      cudaStreamEndCapture(st, &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    ck(cudaStreamEndCapture(st, &g), "graph capture");
+    cudaGraphExec_t e = nullptr;
+    const cudaError_t r = cudaGraphInstantiate(&e, g, 0);
+    cudaGraphDestroy(g);
+    ck(r, "graph instantiate");
+    it = graphs_.emplace(std::move(key), e).first;
+  }
+  ck(cudaGraphLaunch(static_cast<cudaGraphExec_t>(it->second), st), "graph launch");
+}
+
+void CudaBackend::launch(std::span<const Step> plan) {
+  const DoryConfig& c = model_->config();
+  const int T = static_cast<int>(T_);
+  const int64_t H = c.hidden;
+  size_t a = 0;
   for (const Step& st : plan) {
     switch (st.op) {
       case Step::Op::Layer: {
@@ -432,7 +485,7 @@ void CudaBackend::steps(std::span<const Step> plan) {
         if (L.kind == '-')
           mlp_layer(L);
         else
-          attention_layer(L, st);
+          attention_layer(L, tables_[a++]);
         break;
       }
       case Step::Op::LoopBegin:
@@ -448,6 +501,11 @@ void CudaBackend::steps(std::span<const Step> plan) {
         break;
     }
   }
+}
+
+void CudaBackend::drop_graphs() {
+  for (auto& [k, e] : graphs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(e));
+  graphs_.clear();
 }
 
 void CudaBackend::logits(std::span<const int64_t> rows, float* out) {

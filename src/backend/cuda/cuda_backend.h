@@ -3,6 +3,7 @@
 // states cross to the host only for the rows asked for. The far field and exact rows are
 // the CPU backend's alone for now: a session that asks for them here is refused.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,7 +97,10 @@ class CudaBackend final : public Backend {
 
  private:
   struct Layer;
-  void attention_layer(const Layer& L, const Step& st);
+  int64_t write_rows(const Layer& L, const Step& st);
+  void attention_layer(const Layer& L, int64_t table);
+  void launch(std::span<const Step> plan);
+  void drop_graphs();
   void mlp_layer(const Layer& L);
   void reserve(int64_t T);
   // A product with its input taken as the CPU backend takes it (kernels.h: Act).
@@ -124,6 +128,10 @@ class CudaBackend final : public Backend {
   // would wait for the GPU at every attention layer). Reused once the pass has synchronised.
   cuda::AttnRow* pinned_ = nullptr;
   int64_t pinned_cap_ = 0, pinned_used_ = 0;
+  std::vector<int64_t> tables_;  // the row table of each attention step of the current steps()
+  // Captured one-row passes: (the plan's steps, its table offset) -> an executable graph.
+  std::map<std::string, void*> graphs_;
+  bool use_graphs_ = true;
 };
 
 }  // namespace dory
