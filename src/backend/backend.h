@@ -100,6 +100,24 @@ class Backend {
   virtual double measured_read_bandwidth() { return 0; }
 };
 
+// The slot-table walk both backends' SeqCaches::prepare share: for every attention step of
+// `plan` whose slot slots[layer][slot] does not exist yet, make(layer, slot, seed) builds it,
+// where seed is the deepest existing slot of that layer below it (or null): a slot first used
+// mid-sequence starts from it, so attention never sees a hole for earlier rows.
+template <class Slot, class Make>
+void make_missing_slots(const DoryConfig& c, std::span<const Step> plan,
+                        std::vector<std::vector<std::unique_ptr<Slot>>>& slots, const Make& make) {
+  for (const Step& st : plan) {
+    if (st.op != Step::Op::Layer || !c.is_attention(st.layer)) continue;
+    auto& per_layer = slots[st.layer];
+    if (static_cast<int>(per_layer.size()) <= st.slot) per_layer.resize(st.slot + 1);
+    if (per_layer[st.slot]) continue;
+    Slot* seed = nullptr;
+    for (int l = st.slot - 1; l >= 0 && !seed; --l) seed = per_layer[l].get();
+    per_layer[st.slot] = make(st.layer, st.slot, seed);
+  }
+}
+
 // The backends this binary was built with, in order of preference ("cuda", "cpu").
 std::vector<std::string> compiled_backends();
 // One line per backend for dory info: what it is, or why it is not there.

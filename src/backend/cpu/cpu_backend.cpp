@@ -17,34 +17,23 @@ CpuCaches::CpuCaches(const DoryConfig& c, const CacheSpec& spec) : c_(c), spec_(
 void CpuCaches::prepare(std::span<const Step> plan, int64_t pos) {
   const DoryConfig& c = c_;
   const int64_t ring = c.swa_window + spec_.rewind_margin + spec_.chunk;
-  for (const Step& st : plan) {
-    if (st.op != Step::Op::Layer || !c.is_attention(st.layer)) continue;
-    auto& slots = slots_[st.layer];
-    if (static_cast<int>(slots.size()) <= st.slot) slots.resize(st.slot + 1);
-    if (slots[st.slot]) continue;
-    // A slot first used mid-sequence starts from the deepest one that exists.
-    KvCache* seed = nullptr;
-    for (int l = st.slot - 1; l >= 0 && !seed; --l) seed = slots[l].get();
-    if (seed && pos > 0) {
-      slots[st.slot] = std::make_unique<KvCache>(*seed);
-      continue;
-    }
-    slots[st.slot] =
-        std::make_unique<KvCache>(c.n_kv_head * c.head_dim, c.is_sliding(st.layer) ? ring : 0);
-    if (c.is_sliding(st.layer) || !spec_.o1.on) continue;
-    KvCache& kc = *slots[st.slot];
-    kc.enable_far(spec_.o1, c.n_head, c.n_kv_head, c.head_dim,
-                  spec_.o1.w + spec_.rewind_margin + spec_.chunk);
-    if (!spec_.exact.on) continue;
+  make_missing_slots(c, plan, slots_, [&](int layer, int slot, KvCache* seed) {
+    if (seed && pos > 0) return std::make_unique<KvCache>(*seed);
+    auto kc = std::make_unique<KvCache>(c.n_kv_head * c.head_dim, c.is_sliding(layer) ? ring : 0);
+    if (c.is_sliding(layer) || !spec_.o1.on) return kc;
+    kc->enable_far(spec_.o1, c.n_head, c.n_kv_head, c.head_dim,
+                   spec_.o1.w + spec_.rewind_margin + spec_.chunk);
+    if (!spec_.exact.on) return kc;
     // This layer's row of the weights: full layers in order.
     int64_t idx = 0;
-    for (int l = 0; l < st.layer; ++l) idx += c.pattern[l] == '*';
+    for (int l = 0; l < layer; ++l) idx += c.pattern[l] == '*';
     const int64_t wn = 2 * c.n_kv_head;
     const auto& ew = spec_.exact.weights;
-    kc.enable_exact(std::vector<float>(ew.begin() + idx * wn, ew.begin() + (idx + 1) * wn),
-                    spec_.exact.budget, spec_.exact.spill_dir,
-                    "L" + std::to_string(st.layer) + "-" + std::to_string(st.slot));
-  }
+    kc->enable_exact(std::vector<float>(ew.begin() + idx * wn, ew.begin() + (idx + 1) * wn),
+                     spec_.exact.budget, spec_.exact.spill_dir,
+                     "L" + std::to_string(layer) + "-" + std::to_string(slot));
+    return kc;
+  });
 }
 
 void CpuCaches::check_rollback(int64_t n) const {

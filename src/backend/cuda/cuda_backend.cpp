@@ -134,17 +134,10 @@ CudaCaches::CudaCaches(const DoryConfig& c, const CacheSpec& spec) : c_(c), spec
 
 void CudaCaches::prepare(std::span<const Step> plan, int64_t pos) {
   const int64_t ring = c_.swa_window + spec_.rewind_margin + spec_.chunk;
-  for (const Step& st : plan) {
-    if (st.op != Step::Op::Layer || !c_.is_attention(st.layer)) continue;
-    auto& slots = slots_[st.layer];
-    if (static_cast<int>(slots.size()) <= st.slot) slots.resize(st.slot + 1);
-    if (slots[st.slot]) continue;
+  make_missing_slots(c_, plan, slots_, [&](int layer, int, cuda::DevKv* seed) {
     auto kv = std::make_unique<cuda::DevKv>();
     kv->width = c_.n_kv_head * c_.head_dim;
-    kv->ring = c_.is_sliding(st.layer) ? ring : 0;
-    // A slot first used mid-sequence starts from the deepest one that exists.
-    cuda::DevKv* seed = nullptr;
-    for (int l = st.slot - 1; l >= 0 && !seed; --l) seed = slots[l].get();
+    kv->ring = c_.is_sliding(layer) ? ring : 0;
     if (seed && pos > 0 && seed->cap > 0) {
       kv->begin_write(0, seed->cap);
       const size_t b = seed->cap * seed->width * sizeof(float);
@@ -153,8 +146,8 @@ void CudaCaches::prepare(std::span<const Step> plan, int64_t pos) {
       kv->rows = seed->rows;
       kv->first = seed->first;
     }
-    slots[st.slot] = std::move(kv);
-  }
+    return kv;
+  });
 }
 
 void CudaCaches::check_rollback(int64_t n) const {
