@@ -351,6 +351,21 @@ void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y) {
   cuda::linear(w, x, T, y, act_for(w, bf16_input_), act_.f());
 }
 
+void CudaBackend::lin_multi(std::initializer_list<cuda::DevMat> ws,
+                            std::initializer_list<float*> ys, const float* x, int T) {
+  // One launch when the matrices share their type and width (a mix like q4_k_m's Q6_K attn_v
+  // takes one launch per run of equal types).
+  std::vector<cuda::DevMat> w(ws);
+  std::vector<float*> y(ys);
+  for (size_t i = 0; i < w.size();) {
+    size_t j = i + 1;
+    while (j < w.size() && w[j].dtype == w[i].dtype && w[j].cols == w[i].cols) ++j;
+    cuda::linear_multi(w.data() + i, y.data() + i, static_cast<int>(j - i), x, T,
+                       act_for(w[i], bf16_input_), act_.f());
+    i = j;
+  }
+}
+
 // The host's part of an attention step, before any launch: each sequence's run of rows
 // becomes writable in its cache slot (a full slot may move when it grows), then every row's
 // entry of the step's table says where its keys and values are. Returns the table's offset.
@@ -378,10 +393,7 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table) {
   const int T = static_cast<int>(T_);
   const int nh = static_cast<int>(c.n_head), nk = static_cast<int>(c.n_kv_head),
             hd = static_cast<int>(c.head_dim);
-  lin(L.wq, x_.f(), T, q_.f());
-  lin(L.wk, x_.f(), T, k_.f());
-  lin(L.wv, x_.f(), T, v_.f());
-  lin(L.wg, x_.f(), T, g_.f());
+  lin_multi({L.wq, L.wk, L.wv, L.wg}, {q_.f(), k_.f(), v_.f(), g_.f()}, x_.f(), T);
   const cuda::AttnRow* dr = static_cast<const cuda::AttnRow*>(rows_.get()) + table;
   const int prof = L.rope_profile;
   const int rd = static_cast<int>(c.rotary_dims(prof));
@@ -396,8 +408,7 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table) {
 void CudaBackend::mlp_layer(const Layer& L) {
   const DoryConfig& c = model_->config();
   const int T = static_cast<int>(T_);
-  lin(L.w_gate, x_.f(), T, ffg_.f());
-  lin(L.w_up, x_.f(), T, ffu_.f());
+  lin_multi({L.w_gate, L.w_up}, {ffg_.f(), ffu_.f()}, x_.f(), T);
   cuda::swiglu_norm(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, T, c.ffn);
   lin(L.w_down, ffg_.f(), T, out_.f());
   cuda::ngpt_residual(x_.f(), out_.f(), L.alpha, T, c.hidden);

@@ -3,6 +3,7 @@
 // states cross to the host only for the rows asked for. The far field and exact rows are
 // the CPU backend's alone for now: a session that asks for them here is refused.
 #pragma once
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -105,6 +106,9 @@ class CudaBackend final : public Backend {
   void reserve(int64_t T);
   // A product with its input taken as the CPU backend takes it (kernels.h: Act).
   void lin(const cuda::DevMat& w, const float* x, int T, float* y);
+  // Products of one input (q/k/v/g, gate/up) in as few launches as their types allow.
+  void lin_multi(std::initializer_list<cuda::DevMat> ws, std::initializer_list<float*> ys,
+                 const float* x, int T);
 
   std::shared_ptr<const Model> model_;
   ThreadPool pool_;

@@ -171,37 +171,65 @@ __device__ double block_sum_d(double v) {
 constexpr int kRowsPerBlock = 8;  // warps per block in linear: one weight row each
 constexpr int kMaxT = 8;          // input rows one linear launch handles
 
-__global__ void k_linear(int t, const uint8_t* w, int64_t rows, int64_t cols, const float* x, int T,
-                         float* y) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+// Up to four matrices of one type and width that read the same input (q, k, v, g; gate, up):
+// their rows laid end to end, a warp a row, so one launch serves them all.
+struct LinJob {
+  int t = 0, n = 0;
+  int64_t cols = 0;
+  const uint8_t* w[4] = {};
+  float* y[4] = {};
+  int64_t rows[4] = {};
+  int64_t end[4] = {};  // running row totals
+};
+
+__global__ void k_linear(LinJob job, const float* x, int T) {
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int t0 = blockIdx.y * kMaxT;
   const int nt = min(kMaxT, T - t0);
-  if (r >= rows) return;
-  const uint8_t* row = w + r * row_bytes(t, cols);
+  if (g >= job.end[job.n - 1]) return;
+  int m = 0;
+  while (g >= job.end[m]) ++m;
+  const int64_t r = g - (m ? job.end[m - 1] : 0), rows = job.rows[m], cols = job.cols;
+  const int t = job.t;
+  float* y = job.y[m];
+  const uint8_t* row = job.w[m] + r * row_bytes(t, cols);
   float acc[kMaxT];
 #pragma unroll
   for (int j = 0; j < kMaxT; ++j) acc[j] = 0.0f;
   if (t == kBF16 && cols % 256 == 0) {
-    // 16-byte loads: 8 weights a lane, 512 contiguous bytes a warp.
-    for (int64_t k = lane * 8; k < cols; k += 256) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(row + k * 2);
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-      float wv[8];
+    // 16-byte loads: 8 weights a lane, 512 contiguous bytes a warp; four such loads issued
+    // before the first is used, so a warp has 2 KiB in flight.
+    constexpr int U = 4;
+    for (int64_t k0 = lane * 8; k0 < cols; k0 += 256 * U) {
+      uint4 raw[U];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        wv[2 * e] = __uint_as_float(words[e] << 16);
-        wv[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
+      for (int u = 0; u < U; ++u) {
+        const int64_t k = k0 + 256 * u;
+        raw[u] =
+            k < cols ? __ldcs(reinterpret_cast<const uint4*>(row + k * 2)) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int j = 0; j < kMaxT; ++j)
-        if (j < nt) {
-          const float4* xp =
-              reinterpret_cast<const float4*>(x + static_cast<int64_t>(t0 + j) * cols + k);
-          const float4 a = xp[0], b = xp[1];
-          acc[j] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x +
-                    wv[5] * b.y + wv[6] * b.z + wv[7] * b.w;
+      for (int u = 0; u < U; ++u) {
+        const int64_t k = k0 + 256 * u;
+        if (k >= cols) break;
+        const uint32_t words[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+        float wv[8];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          wv[2 * e] = __uint_as_float(words[e] << 16);
+          wv[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
         }
+#pragma unroll
+        for (int j = 0; j < kMaxT; ++j)
+          if (j < nt) {
+            const float4* xp =
+                reinterpret_cast<const float4*>(x + static_cast<int64_t>(t0 + j) * cols + k);
+            const float4 a = xp[0], b = xp[1];
+            acc[j] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x +
+                      wv[5] * b.y + wv[6] * b.z + wv[7] * b.w;
+          }
+      }
     }
   } else if (t == kQ8_0 || t == kQ4_0) {
     // A block of 32 a lane, read as 2-byte words (the blocks are 34 and 18 bytes: 2-aligned).
@@ -478,25 +506,43 @@ void check_last(const char* what) {
 }
 
 void linear(const DevMat& w, const float* x, int T, float* y, Act act, float* scratch) {
-  if (T <= 0) return;
+  linear_multi(&w, &y, 1, x, T, act, scratch);
+}
+
+void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int T, Act act,
+                  float* scratch) {
+  if (T <= 0 || n <= 0) return;
+  if (n > 4) throw Error("linear_multi: at most 4 matrices");
+  LinJob job;
+  job.t = ws[0].dtype;
+  job.cols = ws[0].cols;
+  job.n = n;
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    if (ws[i].dtype != job.t || ws[i].cols != job.cols)
+      throw Error("linear_multi: matrices differ in type or width");
+    job.w[i] = static_cast<const uint8_t*>(ws[i].data);
+    job.y[i] = ys[i];
+    job.rows[i] = ws[i].rows;
+    job.end[i] = total += ws[i].rows;
+  }
   if (act != Act::Float) {
-    const int64_t total = static_cast<int64_t>(T) * w.cols;
+    const int64_t elems = static_cast<int64_t>(T) * job.cols;
     if (act == Act::Bf16) {
-      k_round_bf16<<<static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256)), 256, 0,
-                     g_stream>>>(x, total, scratch);
+      k_round_bf16<<<static_cast<unsigned>(std::min<int64_t>(4096, (elems + 255) / 256)), 256, 0,
+                     g_stream>>>(x, elems, scratch);
     } else {
       const int B = act == Act::Block32 ? 32 : 256;
-      const int64_t blocks = total / B;
-      k_quant_act<<<static_cast<unsigned>((blocks + 7) / 8), 256, 0, g_stream>>>(x, w.cols, blocks,
-                                                                                 B, scratch);
+      const int64_t blocks = elems / B;
+      k_quant_act<<<static_cast<unsigned>((blocks + 7) / 8), 256, 0, g_stream>>>(
+          x, job.cols, blocks, B, scratch);
     }
     check_last("linear input");
     x = scratch;
   }
-  const dim3 grid(static_cast<unsigned>((w.rows + kRowsPerBlock - 1) / kRowsPerBlock),
+  const dim3 grid(static_cast<unsigned>((total + kRowsPerBlock - 1) / kRowsPerBlock),
                   (T + kMaxT - 1) / kMaxT);
-  k_linear<<<grid, 32 * kRowsPerBlock, 0, g_stream>>>(w.dtype, static_cast<const uint8_t*>(w.data),
-                                                      w.rows, w.cols, x, T, y);
+  k_linear<<<grid, 32 * kRowsPerBlock, 0, g_stream>>>(job, x, T);
   check_last("linear");
 }
 

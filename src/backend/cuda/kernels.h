@@ -37,6 +37,10 @@ enum class Act { Float, Bf16, Block32, Block256 };
 // floats for the taken input, unused for Act::Float).
 void linear(const DevMat& w, const float* x, int T, float* y, Act act = Act::Float,
             float* scratch = nullptr);
+// Up to 4 products of one input in one launch: ys[i] = ws[i] . x; the matrices must share
+// their type and width (the input is taken once).
+void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int T,
+                  Act act = Act::Float, float* scratch = nullptr);
 // Rows t < T of n floats: x <- x / sqrt(sum x^2 + 1e-6).
 void normalize_rows(float* x, int T, int64_t n);
 // x <- n(n(x) + a * (n(y) - n(x))) per row (y is clobbered).
