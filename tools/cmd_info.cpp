@@ -5,6 +5,8 @@
 
 #include "commands.h"
 #include "common.h"
+#include "format/cmf.h"
+#include "runtime/npy.h"
 #include "model/weights.h"
 #include "tensor/kernels.h"
 
@@ -21,6 +23,46 @@ std::string block_summary(const DoryConfig& c, int64_t b, int64_t e) {
                 (long long)b, (long long)e - 1, (long long)(e - b), s, f, m);
   return buf;
 }
+
+// A CMF file (cortiq's container): its sections, tensor dtypes and skills. dory.cpp reads and
+// verifies CMF files; running a model from one is not there yet.
+int run_cmf_info(const std::string& path, const std::string& dump, const std::string& out) {
+  auto f = cmf::File::open(path);
+  if (!dump.empty()) {
+    const cmf::Tensor* t = f->find(dump);
+    if (!t) throw Error(path + ": no tensor named '" + dump + "'");
+    std::vector<float> v(static_cast<size_t>(t->numel()));
+    cmf::dequantize(*t, v.data());
+    write_npy_f32(out, v.data(), t->shape);
+    std::fprintf(stderr, "wrote %s: '%s' (%s %s) as float32\n", out.c_str(), dump.c_str(), cmf::dtype_name(t->dtype),
+                 shape_str(t->shape).c_str());
+    return 0;
+  }
+  std::printf("file           %s (%s), CMF v%u, features 0x%x\n", path.c_str(), human_bytes(f->size()).c_str(),
+              f->version(), f->features());
+  for (const cmf::Section& s : f->sections())
+    if (s.len) std::printf("section        %-9s offset %llu, %s\n", s.name, (unsigned long long)s.off, human_bytes(s.len).c_str());
+  std::printf("quant_type     %s\n", f->quant_type().c_str());
+  std::printf("arch           %s\n", f->arch_json().c_str());
+  std::map<std::string, std::pair<int64_t, uint64_t>> mix;
+  for (const cmf::Tensor& t : f->tensors()) {
+    auto& m = mix[cmf::dtype_name(t.dtype)];
+    m.first += 1, m.second += t.nbytes;
+  }
+  for (const auto& [name, m] : mix)
+    std::printf("dtype          %-9s %5lld tensors, %s\n", name.c_str(), (long long)m.first, human_bytes(m.second).c_str());
+  for (const cmf::Skill& k : f->skills()) {
+    std::string layers;
+    for (int64_t l : k.layers) layers += (layers.empty() ? "" : ",") + std::to_string(l);
+    std::printf("skill          %s%s%s, layers [%s]%s\n", k.id.c_str(), k.name.empty() ? "" : " (", k.name.empty() ? "" : (k.name + ")").c_str(),
+                layers.c_str(), k.routable ? ", routable" : "");
+  }
+  std::printf("tokenizer      %s\n", f->vocab().empty() ? "none" : ("tokenizer.json, " + human_bytes(f->vocab().size())).c_str());
+  std::printf("note           running a model from a CMF file is not supported yet (dory verify checks its hashes)\n");
+  return 0;
+}
+
+bool is_cmf(const std::string& path) { return path.size() > 4 && path.compare(path.size() - 4, 4, ".cmf") == 0; }
 
 int run_info(const std::string& path) {
   auto model = Model::load(path);
@@ -119,8 +161,16 @@ int run_info(const std::string& path) {
 Runner add_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "print a model's architecture, sizes and dtypes");
   auto path = std::make_shared<std::string>();
-  cmd->add_option("-m,--model", *path, kModelHelp);
-  return [path] { return run_info(path->empty() ? default_model_path() : *path); };
+  auto dump = std::make_shared<std::string>(), out = std::make_shared<std::string>();
+  cmd->add_option("-m,--model", *path, kModelHelp + std::string("; or a CMF file (.cmf): its sections, dtypes and skills"));
+  cmd->add_option("--dump", *dump, "CMF files: write this tensor, decoded to float32, to -o as .npy");
+  cmd->add_option("-o,--output", *out, "with --dump: the .npy to write");
+  return [path, dump, out] {
+    const std::string p = path->empty() ? default_model_path() : *path;
+    if (!dump->empty() && (!is_cmf(p) || out->empty()))
+      throw Error("--dump needs a CMF file (-m FILE.cmf) and -o OUT.npy");
+    return is_cmf(p) ? run_cmf_info(p, *dump, *out) : run_info(p);
+  };
 }
 
 static const bool registered = register_command(10, add_info);

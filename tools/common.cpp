@@ -187,15 +187,16 @@ GenerateParams GenOpts::params() const {
   return g;
 }
 
-ProgressLine::ProgressLine(const char* what) : what_(what), t0_(std::chrono::steady_clock::now()) {}
+ProgressLine::ProgressLine(const char* what, const char* unit)
+    : what_(what), unit_(unit), t0_(std::chrono::steady_clock::now()) {}
 
 void ProgressLine::update(int64_t done, int64_t total) {
   const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   if (t < 1.0 || (shown_ && t - last_ < 0.25 && done < total)) return;
   shown_ = true;
   last_ = t;
-  std::fprintf(stderr, "\r%s: %lld/%lld tokens (%.0f%%), %.1f s", what_, (long long)done,
-               (long long)total, 100.0 * done / std::max<int64_t>(1, total), t);
+  std::fprintf(stderr, "\r%s: %lld/%lld %s (%.0f%%), %.1f s", what_, (long long)done, (long long)total, unit_,
+               100.0 * done / std::max<int64_t>(1, total), t);
   std::fflush(stderr);
 }
 

@@ -64,12 +64,13 @@ void add_gen_opts(CLI::App* app, GenOpts& o);
 // than a second.
 class ProgressLine {
  public:
-  explicit ProgressLine(const char* what);
+  explicit ProgressLine(const char* what, const char* unit = "tokens");
   void update(int64_t done, int64_t total);
   void done();
 
  private:
   const char* what_;
+  const char* unit_;
   std::chrono::steady_clock::time_point t0_;
   bool shown_ = false;
   double last_ = 0;
