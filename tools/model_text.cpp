@@ -1,6 +1,9 @@
 #include "model_text.h"
 
 #include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "model/weights.h"
 
 namespace dory::cli {
 
@@ -12,7 +15,16 @@ Loaded load_model_and_tokenizer(const RunOpts& run, const std::string& tokenizer
   // Without --tokenizer: the model's directory (tokenizer.json), or for a GGUF model the
   // tokenizer.ggml.* metadata inside it (Tokenizer::from_path tells them apart).
   try {
-    l.tok = Tokenizer::from_path(tokenizer_path.empty() ? l.model->path() : tokenizer_path);
+    if (const cmf::File* f = l.model->weights().cmf.get(); f && tokenizer_path.empty()) {
+      // A CMF file carries tokenizer.json's bytes and the chat template in its header.
+      if (f->vocab().empty()) throw Error(f->path() + ": the CMF file has no tokenizer section");
+      nlohmann::json tc = nlohmann::json::object();
+      if (!f->chat_template().empty()) tc["chat_template"] = f->chat_template();
+      l.tok = Tokenizer::from_json(f->vocab(), tc.dump(), f->path() + " (tokenizer section)",
+                                   f->path() + " (header tokenizer_config)");
+    } else {
+      l.tok = Tokenizer::from_path(tokenizer_path.empty() ? l.model->path() : tokenizer_path);
+    }
   } catch (const Error& e) {
     if (!tokenizer_path.empty()) throw;
     throw Error(std::string(e.what()) + " (give --tokenizer DIR|tokenizer.json)");

@@ -272,13 +272,105 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file) {
   return w;
 }
 
+std::unique_ptr<Weights> load_cmf_weights(const std::string& path) {
+  using nlohmann::json;
+  auto w = std::make_unique<Weights>();
+  w->cmf = cmf::File::open(path);
+  const cmf::File& f = *w->cmf;
+  // The config: the arch object under config.json's names, then a config.json beside the file.
+  json arch = json::parse(f.arch_json());
+  static const std::pair<const char*, const char*> renames[] = {
+      {"num_layers", "num_hidden_layers"}, {"num_kv_heads", "num_key_value_heads"},
+      {"num_loops", "n_recurrent_loops"}, {"head_dim", "attention_head_dim"}};
+  json cfg = json::object();
+  for (auto it = arch.begin(); it != arch.end(); ++it) {
+    std::string k = it.key();
+    for (const auto& [from, to] : renames)
+      if (k == from) k = to;
+    if (k == "arch_name" || k == "layer_types" || k == "rms_norm_eps" || k == "norm_style" || k == "hidden_act" ||
+        k == "embed_multiplier" || k == "loop_final_norm")
+      continue;  // cortiq's own keys, which a Dory config has no use for
+    cfg[k] = it.value();
+  }
+  if (arch.contains("arch_name") && arch["arch_name"] != "dory")
+    throw Error(path + ": the header's arch_name is " + arch["arch_name"].dump() + ", not \"dory\"");
+  size_t slash = path.rfind('/');
+  const std::string beside = (slash == std::string::npos ? std::string(".") : path.substr(0, slash)) + "/config.json";
+  if (is_file(beside)) {
+    json side;
+    try {
+      side = json::parse(read_text_file(beside));
+    } catch (const json::exception& e) {
+      throw Error(beside + ": not valid JSON: " + e.what());
+    }
+    if (!side.is_object()) throw Error(beside + ": not a JSON object");
+    for (auto it = side.begin(); it != side.end(); ++it) {
+      if (cfg.contains(it.key()) && !cfg[it.key()].is_null() && cfg[it.key()] != it.value())
+        throw Error(path + ": the header's arch says " + it.key() + " = " + cfg[it.key()].dump() + ", " + beside +
+                    " says " + it.value().dump());
+      cfg[it.key()] = it.value();
+    }
+  }
+  w->cfg = parse_hf_config_text(cfg.dump(), path + " (arch" + (is_file(beside) ? " + " + beside : std::string()) + ")");
+  const DoryConfig& c = w->cfg;
+
+  const auto expected = expected_tensors(c);
+  std::map<std::string, const TensorView*> by_name;
+  std::vector<TensorView> views;
+  views.reserve(expected.size());
+  std::vector<std::string> missing, unexpected;
+  std::set<std::string> want;
+  for (const auto& [name, shape] : expected) want.insert(name);
+  for (const cmf::Tensor& t : f.tensors())
+    if (!want.count(t.name) && t.name.rfind("skill.", 0) != 0) unexpected.push_back(t.name);
+  for (const auto& [name, shape] : expected) {
+    const cmf::Tensor* t = f.find(name);
+    if (!t) {
+      missing.push_back(name);
+      continue;
+    }
+    if (t->shape != shape)
+      throw Error(path + ": tensor '" + name + "' has shape " + shape_str(t->shape) + ", but the config implies " +
+                  shape_str(shape));
+    TensorView v;
+    v.name = name;
+    v.shape = t->shape;
+    if (t->dtype == cmf::kF32 || t->dtype == cmf::kF16 || t->dtype == cmf::kBF16) {
+      v.dtype = t->dtype == cmf::kF32 ? DType::F32 : t->dtype == cmf::kF16 ? DType::F16 : DType::BF16;
+      v.data = t->data;
+    } else {
+      w->decoded.emplace_back(static_cast<size_t>(t->numel()));
+      cmf::dequantize(*t, w->decoded.back().data());
+      v.dtype = DType::F32;
+      v.data = w->decoded.back().data();
+    }
+    views.push_back(v);
+  }
+  if (!missing.empty())
+    throw Error(path + ": " + std::to_string(missing.size()) + " tensors that the config implies are missing: " +
+                list_names(missing));
+  if (!unexpected.empty())
+    throw Error(path + ": " + std::to_string(unexpected.size()) +
+                " unexpected tensors (not part of this Dory config): " + list_names(unexpected));
+  for (const TensorView& v : views) by_name[v.name] = &v;
+  w->all = views;
+  fold_weights(*w, [&](const std::string& n) -> const TensorView& { return *by_name[n]; });
+  return w;
+}
+
 std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved) {
   if (is_file(path)) {
-    bool gguf_magic = false;
+    bool gguf_magic = false, cmf_magic = false;
     if (std::FILE* fp = std::fopen(path.c_str(), "rb")) {
       char m[4] = {};
-      gguf_magic = std::fread(m, 1, 4, fp) == 4 && std::memcmp(m, "GGUF", 4) == 0;
+      const bool got = std::fread(m, 1, 4, fp) == 4;
+      gguf_magic = got && std::memcmp(m, "GGUF", 4) == 0;
+      cmf_magic = got && std::memcmp(m, "CMF\x01", 4) == 0;
       std::fclose(fp);
+    }
+    if (cmf_magic || ends_with(path, ".cmf")) {
+      *resolved = path;
+      return load_cmf_weights(path);
     }
     if (gguf_magic || ends_with(path, ".gguf")) {
       *resolved = path;

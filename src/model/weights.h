@@ -5,6 +5,7 @@
 
 #include "dory/model.h"
 #include "dory/options.h"
+#include "format/cmf.h"
 #include "format/gguf.h"
 #include "format/safetensors.h"
 #include "model/gate.h"
@@ -45,6 +46,9 @@ struct Weights {
   Turbo turbo;
   std::vector<std::unique_ptr<SafeTensorsFile>> files;
   std::unique_ptr<gguf::File> gguf;  // set when loaded from a .gguf (then files is empty)
+  std::unique_ptr<cmf::File> cmf;    // set when loaded from a .cmf
+  // Tensors decoded at load (CMF dtypes the kernels do not run yet, as F32): the views point here.
+  std::vector<std::vector<float>> decoded;
   std::vector<TensorView> all;  // every tensor, for info
   TensorView embd;              // [V, H]
   kern::Mat lm_head{};          // [V, H]
@@ -63,7 +67,14 @@ std::unique_ptr<Weights> load_gguf_weights(const std::string& path);
 // The same for a parsed file (one read from memory: tests and fuzzing).
 std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file);
 
-// Either of the above, by what path is.
+// A CMF file (cortiq's container, docs/cmf.md): tensors under the Hugging Face names; the
+// config from the header's "arch" object with Dory's keys (under config.json's names) and a
+// config.json beside the file, which must agree where both say something. f32/f16/bf16 are
+// used in place; the other CMF dtypes are decoded to F32 at load (4 bytes a weight: their
+// kernels are open work). Skill tensors (skill.ID.NAME) are left to the skills.
+std::unique_ptr<Weights> load_cmf_weights(const std::string& path);
+
+// Any of the above, by what path is.
 std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved);
 
 // The tensor names and shapes a config implies, in a stable order.
