@@ -11,10 +11,15 @@
 #include <map>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
 #include "common.h"
 #include "convert.h"
+#include "format/cmf.h"
 #include "format/gguf.h"
+#include "format/hf_config.h"
+#include "format/mapped_file.h"
 #include "model/gguf_dory.h"
 #include "model/turbo.h"
 #include "model/weights.h"
@@ -247,18 +252,113 @@ int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
   return 0;
 }
 
+// dory convert/quantize IN OUT.cmf: the model as cortiq's CMF container, tensors under their
+// Hugging Face names, the whole Dory config in the header's arch object (so the file needs no
+// config.json beside it), the tokenizer.json and chat template when the input has them.
+int convert_to_cmf(const ConvertOpts& o) {
+  using nlohmann::json;
+  static const char* const kTypes = "bf16|f16|f32|q8_2f";
+  const std::string ty = o.type.empty() ? "bf16" : o.type;
+  if (ty != "bf16" && ty != "f16" && ty != "f32" && ty != "q8_2f")
+    throw Error("--type '" + ty + "' is not a CMF type dory.cpp writes (" + kTypes + ")");
+  std::string resolved;
+  std::unique_ptr<Weights> w = load_weights(o.in, &resolved);
+  const DoryConfig& c = w->cfg;
+  json arch = json::parse(hf_config_json(c));
+  arch.erase("architectures");
+  arch.erase("model_type");
+  arch["arch_name"] = "dory";
+  arch["num_layers"] = c.n_layer;
+  arch["num_kv_heads"] = c.n_kv_head;
+  arch["num_loops"] = c.n_loops;
+  arch["head_dim"] = c.head_dim;
+  arch["rms_norm_eps"] = 1e-6;
+  // cortiq's readers require layer_types; hybrid_layer_pattern is what Dory reads (an MLP
+  // layer has no cortiq name: it is written as its block's attention kind would be).
+  json types = json::array();
+  for (char k : c.pattern) types.push_back(k == '*' ? "FullAttention" : "SlidingAttention");
+  arch["layer_types"] = types;
+  for (const char* k : {"num_hidden_layers", "num_key_value_heads", "n_recurrent_loops", "attention_head_dim"}) arch.erase(k);
+  json header = {{"format", "cmf"}, {"version", 2}, {"arch", arch},
+                 {"quant_type", ty == "q8_2f" ? "Q8_2F" : ty == "f16" ? "F16" : ty == "f32" ? "F32" : "BF16"},
+                 {"provenance", {{"converter", "dory.cpp"}, {"source", base_name(resolved)}}}};
+  // The tokenizer: tokenizer.json (+ the chat template of tokenizer_config.json) beside an HF
+  // model, or a CMF input's own; a GGUF input's tokenizer is not a tokenizer.json.
+  std::string vocab, tmpl;
+  if (w->cmf) {
+    vocab = std::string(w->cmf->vocab());
+    tmpl = w->cmf->chat_template();
+  } else if (!w->gguf) {
+    struct stat st {};
+    const std::string dir = is_dir(resolved) ? resolved : resolved.substr(0, resolved.rfind('/'));
+    if (::stat((dir + "/tokenizer.json").c_str(), &st) == 0) vocab = read_text_file(dir + "/tokenizer.json");
+    if (::stat((dir + "/tokenizer_config.json").c_str(), &st) == 0) {
+      try {
+        const json tc = json::parse(read_text_file(dir + "/tokenizer_config.json"));
+        if (tc.contains("chat_template") && tc["chat_template"].is_string()) tmpl = tc["chat_template"];
+      } catch (const json::exception&) {
+        // a tokenizer_config.json that is not JSON: no template (the tokenizer reports it when loaded)
+      }
+    }
+  }
+  json tc = {{"eos_token_ids", c.eos_ids}};
+  if (!tmpl.empty()) tc["chat_template"] = tmpl;
+  header["tokenizer_config"] = tc;
+  cmf::Writer wr(header.dump());
+  if (!vocab.empty()) wr.set_vocab(vocab);
+  uint64_t total = 0;
+  for (size_t k = 0; k < w->all.size(); ++k) {
+    const TensorView& t = w->all[k];
+    int dt;
+    std::vector<uint8_t> payload;
+    const std::vector<float> f = t.to_f32();
+    if (ty == "q8_2f" && t.shape.size() == 2) {
+      dt = cmf::kQ8_2f;
+      payload = cmf::encode_q8_2f(f.data(), t.shape[0], t.shape[1]);
+    } else {
+      const DType d = ty == "f16" ? DType::F16 : ty == "f32" || ty == "q8_2f" ? DType::F32 : DType::BF16;
+      dt = d == DType::F16 ? cmf::kF16 : d == DType::F32 ? cmf::kF32 : cmf::kBF16;
+      payload.resize(row_bytes(d, static_cast<int64_t>(f.size())));
+      if (t.dtype == d) std::memcpy(payload.data(), t.data, payload.size());  // the bytes as they are
+      else quantize_row(d, f.data(), payload.data(), static_cast<int64_t>(f.size()));
+    }
+    total += payload.size();
+    if (!o.quiet)
+      std::fprintf(stderr, "[%3zu/%zu] %-44s %-5s %-14s -> %s\n", k + 1, w->all.size(), t.name.c_str(),
+                   dtype_name(t.dtype), shape_str(t.shape).c_str(), cmf::dtype_name(dt));
+    wr.add(t.name, dt, t.shape, std::move(payload));
+  }
+  const std::string tmp = o.out + ".tmp";
+  try {
+    wr.write(tmp);
+    if (std::rename(tmp.c_str(), o.out.c_str()) != 0)
+      throw Error(o.out + ": cannot rename " + tmp + " to it: " + std::strerror(errno));
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (!o.quiet)
+    std::fprintf(stderr, "wrote %s (CMF v2, %s of tensor data%s)\n", o.out.c_str(), human_bytes(total).c_str(),
+                 vocab.empty() ? ", no tokenizer" : ", tokenizer.json");
+  return 0;
+}
+
 Runner add_convert(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "convert", std::string("convert a Hugging Face directory to GGUF (llama.cpp's Dory layout)\n") +
+      "convert", std::string("convert a Hugging Face directory to GGUF (llama.cpp's Dory layout), or to CMF\n"
+                             "(OUT.cmf: --type bf16|f16|f32|q8_2f; docs/cmf.md)\n") +
                      kConvertRecipe);
   auto o = std::make_shared<ConvertOpts>();
   cmd->add_option("input", o->in, "Hugging Face directory (config.json + safetensors)")->required();
-  cmd->add_option("output", o->out, "output .gguf")->required();
-  cmd->add_option("--type", o->type, std::string("weight type (default bf16): ") + kConvertTypes);
+  cmd->add_option("output", o->out, "output .gguf, or .cmf for cortiq's container")->required();
+  cmd->add_option("--type", o->type, std::string("weight type (default bf16): ") + kConvertTypes + "; for .cmf bf16|f16|f32|q8_2f");
   cmd->add_option("-t,--threads", o->threads, "threads (default all cores)");
   cmd->add_flag("-q,--quiet", o->quiet, "no per-tensor progress lines");
   add_tensor_type_overrides(cmd, *o);
-  return [o] { return convert_to_gguf(*o, true); };
+  return [o] {
+    const bool cmf_out = o->out.size() > 4 && o->out.compare(o->out.size() - 4, 4, ".cmf") == 0;
+    return cmf_out ? convert_to_cmf(*o) : convert_to_gguf(*o, true);
+  };
 }
 
 static const bool registered = register_command(74, add_convert);

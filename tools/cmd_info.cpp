@@ -58,8 +58,8 @@ int run_cmf_info(const std::string& path, const std::string& dump, const std::st
                 layers.c_str(), k.routable ? ", routable" : "");
   }
   std::printf("tokenizer      %s\n", f->vocab().empty() ? "none" : ("tokenizer.json, " + human_bytes(f->vocab().size())).c_str());
-  std::printf("run            -m %s (Dory's config from arch and a config.json beside the file; CMF quantized "
-              "types decoded to F32 at load)\n",
+  std::printf("run            -m %s (Dory's config from the header's arch, with a config.json beside the file "
+              "if there is one; CMF quantized types decoded to F32 at load)\n",
               path.c_str());
   return 0;
 }

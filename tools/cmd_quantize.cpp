@@ -6,17 +6,20 @@ namespace dory::cli {
 
 Runner add_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "quantize", std::string("write a model (HF directory or GGUF) as GGUF at a weight type\n") +
+      "quantize", std::string("write a model (HF directory, GGUF or CMF) as GGUF at a weight type (or as CMF)\n") +
                       kConvertRecipe);
   auto o = std::make_shared<ConvertOpts>();
   o->type = "";
   cmd->add_option("input", o->in, "Hugging Face directory or .gguf")->required();
-  cmd->add_option("output", o->out, "output .gguf")->required();
+  cmd->add_option("output", o->out, "output .gguf (or .cmf: bf16|f16|f32|q8_2f)")->required();
   cmd->add_option("--type", o->type, std::string("weight type: ") + kConvertTypes)->required();
   cmd->add_option("-t,--threads", o->threads, "threads (default all cores)");
   cmd->add_flag("-q,--quiet", o->quiet, "no per-tensor progress lines");
   add_tensor_type_overrides(cmd, *o);
-  return [o] { return convert_to_gguf(*o, false); };
+  return [o] {
+    const bool cmf_out = o->out.size() > 4 && o->out.compare(o->out.size() - 4, 4, ".cmf") == 0;
+    return cmf_out ? convert_to_cmf(*o) : convert_to_gguf(*o, false);
+  };
 }
 
 static const bool registered = register_command(75, add_quantize);

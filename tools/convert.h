@@ -33,5 +33,7 @@ extern const char* const kConvertRecipe;
 void add_tensor_type_overrides(CLI::App* cmd, ConvertOpts& o);
 
 int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir);
+// OUT.cmf: cortiq's container (bf16|f16|f32|q8_2f); any input dory reads.
+int convert_to_cmf(const ConvertOpts& o);
 
 }  // namespace dory::cli

@@ -1,7 +1,9 @@
 #include "format/cmf.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -486,6 +488,110 @@ void dequantize(const Tensor& t, float* out) {
       throw Error("tensor '" + t.name + "': CMF dtype " + std::to_string(t.dtype) + " (" +
                   dtype_name(t.dtype) + ") holds no weights dory.cpp can read");
   }
+}
+
+std::vector<uint8_t> encode_q8_2f(const float* w, int64_t rows, int64_t cols) {
+  std::vector<uint8_t> out(rows * cols + 2 * rows + 2 * cols);
+  std::vector<float> col(cols);
+  for (int64_t c = 0; c < cols; ++c) {
+    double ss = 0;
+    for (int64_t r = 0; r < rows; ++r) ss += double(w[r * cols + c]) * w[r * cols + c];
+    uint16_t h = f32_to_f16(static_cast<float>(std::sqrt(ss / double(std::max<int64_t>(rows, 1)))));
+    if (f16_to_f32(h) == 0.0f) h = f32_to_f16(1.0f);
+    col[c] = f16_to_f32(h);
+    out[rows * cols + 2 * rows + 2 * c] = static_cast<uint8_t>(h),
+                                     out[rows * cols + 2 * rows + 2 * c + 1] =
+                                         static_cast<uint8_t>(h >> 8);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0;
+    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(w[r * cols + c] / col[c]));
+    uint16_t h = f32_to_f16(amax / 127.0f);
+    if (f16_to_f32(h) == 0.0f) h = f32_to_f16(1.0f);
+    const float rs = f16_to_f32(h);
+    out[rows * cols + 2 * r] = static_cast<uint8_t>(h),
+                          out[rows * cols + 2 * r + 1] = static_cast<uint8_t>(h >> 8);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float q = std::nearbyint(w[r * cols + c] / col[c] / rs);
+      out[r * cols + c] =
+          static_cast<uint8_t>(static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, q))));
+    }
+  }
+  return out;
+}
+
+void Writer::add(const std::string& name, int dtype, const std::vector<int64_t>& shape,
+                 std::vector<uint8_t> payload) {
+  entries_.push_back({name, dtype, shape, std::move(payload)});
+}
+
+void Writer::write(const std::string& path) const {
+  auto put = [](std::vector<uint8_t>& b, size_t at, uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) b[at + i] = static_cast<uint8_t>(v >> (8 * i));
+  };
+  std::vector<uint8_t> dir(16 + 56 * entries_.size());
+  std::string pool;
+  uint64_t data_len = 0;
+  std::vector<uint64_t> offs;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
+    const uint64_t align = e.payload.size() >= (16u << 10) ? 4096 : 64;
+    data_len = (data_len + align - 1) / align * align;
+    offs.push_back(data_len);
+    const size_t r = 16 + 56 * i;
+    put(dir, r, pool.size(), 4);
+    put(dir, r + 4, e.name.size(), 2);
+    dir[r + 6] = static_cast<uint8_t>(e.dtype);
+    dir[r + 7] = static_cast<uint8_t>(e.shape.size());
+    for (size_t k = 0; k < e.shape.size(); ++k)
+      put(dir, r + 8 + 4 * k, static_cast<uint64_t>(e.shape[k]), 4);
+    put(dir, r + 32, data_len, 8);
+    put(dir, r + 40, e.payload.size(), 8);
+    put(dir, r + 48, hash64(e.payload.data(), e.payload.size()), 8);
+    pool += e.name;
+    data_len += e.payload.size();
+  }
+  put(dir, 0, entries_.size(), 8);
+  put(dir, 8, dir.size(), 8);
+  dir.insert(dir.end(), pool.begin(), pool.end());
+  const uint64_t hoff = 128, doff = hoff + header_.size(),
+                 data_off = (doff + dir.size() + 4095) / 4096 * 4096;
+  const uint64_t voff = vocab_.empty() ? 0 : data_off + data_len;
+  std::vector<uint8_t> env(128, 0);
+  std::memcpy(env.data(), "CMF\x01", 4);
+  put(env, 4, 2, 4);
+  put(env, 12, kTensorDir, 4);
+  put(env, 0x10, hoff, 8), put(env, 0x18, header_.size(), 8);
+  put(env, 0x20, doff, 8), put(env, 0x28, dir.size(), 8);
+  put(env, 0x30, data_off, 8), put(env, 0x38, data_len, 8);
+  put(env, 0x50, voff, 8), put(env, 0x58, vocab_.size(), 8);
+  put(env, 0x70, hash64(header_.data(), header_.size()), 8);
+  put(env, 0x78, hash64(dir.data(), dir.size()), 8);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw Error(path + ": cannot create: " + std::strerror(errno));
+  bool ok = true;
+  auto w = [&](const void* p, size_t n) { ok = ok && std::fwrite(p, 1, n, f) == n; };
+  auto zeros = [&](uint64_t n) {
+    static const uint8_t z[4096] = {};
+    while (n) {
+      const uint64_t k = std::min<uint64_t>(n, sizeof z);
+      w(z, k);
+      n -= k;
+    }
+  };
+  w(env.data(), env.size());
+  w(header_.data(), header_.size());
+  w(dir.data(), dir.size());
+  zeros(data_off - (doff + dir.size()));
+  uint64_t at = 0;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    zeros(offs[i] - at);
+    w(entries_[i].payload.data(), entries_[i].payload.size());
+    at = offs[i] + entries_[i].payload.size();
+  }
+  w(vocab_.data(), vocab_.size());
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) throw Error(path + ": write failed: " + std::strerror(errno));
 }
 
 }  // namespace dory::cmf

@@ -136,4 +136,33 @@ class File {
 // reserved ids throw Error saying they are not supported and what to convert with.
 void dequantize(const Tensor& t, float* out);
 
+// q8_2f of a float matrix [rows x cols] as cortiq's encoder makes it: col[c] = the column's
+// RMS and row_scale[r] = max|w / col| / 127, both rounded to f16 before the codes are taken
+// (so decoding with the stored values is exact), q = round(w / col / row_scale) within +-127.
+std::vector<uint8_t> encode_q8_2f(const float* w, int64_t rows, int64_t cols);
+
+// Writes a CMF v2 file as cortiq's writers lay it out: envelope, header at 128, directory,
+// data at a 4096 boundary (tensors of 16 KiB or more on 4096, others on 64), the vocab
+// section; every hash recorded. Tensors are added with their payload's size and written in
+// the order added.
+class Writer {
+ public:
+  explicit Writer(std::string header_json) : header_(std::move(header_json)) {}
+  void add(const std::string& name, int dtype, const std::vector<int64_t>& shape,
+           std::vector<uint8_t> payload);
+  void set_vocab(std::string tokenizer_json) { vocab_ = std::move(tokenizer_json); }
+  // Writes to path (the caller renames a temporary into place). Throws Error.
+  void write(const std::string& path) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    int dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> payload;
+  };
+  std::string header_, vocab_;
+  std::vector<Entry> entries_;
+};
+
 }  // namespace dory::cmf

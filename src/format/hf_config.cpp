@@ -162,4 +162,32 @@ DoryConfig parse_hf_config(const std::string& path) {
   return parse_hf_config_text(read_text_file(path), path);
 }
 
+std::string hf_config_json(const DoryConfig& c) {
+  json j = json::object();
+  j["architectures"] = {"DoryForCausalLM"};
+  j["model_type"] = "dory";
+  for (const ConfigKey& k : config_keys()) {
+    if (!k.hf) continue;
+    switch (k.kind) {
+      case ConfigKey::Kind::Int: j[k.hf] = c.*k.i; break;
+      case ConfigKey::Kind::Float: j[k.hf] = c.*k.f; break;
+      case ConfigKey::Kind::String: j[k.hf] = c.*k.s; break;
+      case ConfigKey::Kind::Special: break;
+    }
+  }
+  j["attention_head_dim"] = c.head_dim;
+  j["head_dim"] = c.head_dim;
+  j["recurrent_kv_cache_mode"] = kv_mode_name(c.kv_mode);
+  j["partial_rotary_factor"] = c.partial_rotary;
+  j["partial_rotary_factor_2"] = c.partial_rotary_2;
+  j["rope_profile_layers"] = c.rope_profile;
+  j["attention_output_gate_logit_scale_init"] = c.gate_init ? json(*c.gate_init) : json(nullptr);
+  if (c.bos_ids.size() == 1) j["bos_token_id"] = c.bos_ids[0];
+  else if (!c.bos_ids.empty()) j["bos_token_id"] = c.bos_ids;
+  if (c.eos_ids.size() == 1) j["eos_token_id"] = c.eos_ids[0];
+  else if (!c.eos_ids.empty()) j["eos_token_id"] = c.eos_ids;
+  j["tie_word_embeddings"] = false;
+  return j.dump(2);
+}
+
 }  // namespace dory

@@ -10,4 +10,8 @@ namespace dory {
 DoryConfig parse_hf_config(const std::string& path);
 DoryConfig parse_hf_config_text(const std::string& text, const std::string& where);
 
+// The config.json a DoryConfig reads back from (its keys from the config key table, the
+// fixed-value keys Dory's checkpoints carry), as JSON text.
+std::string hf_config_json(const DoryConfig& c);
+
 }  // namespace dory

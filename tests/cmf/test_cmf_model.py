@@ -138,3 +138,70 @@ class CmfModel(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ConvertRoundTrips(unittest.TestCase):
+    """dory convert to CMF and back: HF -> CMF (bf16) keeps the logits bit for bit and runs with
+    the file's own tokenizer; CMF -> GGUF Q8_0 equals HF -> GGUF Q8_0; a q8_2f file written by
+    dory decodes, in numpy (cmf_writer's decoder, written from docs/cmf.md), to what dory reads."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not DORY or not os.access(DORY, os.X_OK):
+            raise RuntimeError("DORY_BIN must name the dory binary")
+        cls.tmp = tempfile.mkdtemp(prefix="dory_cmfc_")
+        cls.mini = os.path.join(ROOT, "models", "dory-mini")
+        cls.ids = "1,50,300,2000,17,99,1000,5,4095"
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def run_ok(self, *args):
+        r = subprocess.run([DORY, *args], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, (args, r.stderr))
+        return r
+
+    def logits(self, model):
+        out = os.path.join(self.tmp, "l.npy")
+        self.run_ok("logits", "-m", model, "--ids", self.ids, "-o", out, "-t", "2")
+        return np.load(out)
+
+    def test_hf_cmf_gguf(self):
+        cmf = os.path.join(self.tmp, "mini.cmf")
+        self.run_ok("convert", self.mini, cmf, "-q")
+        self.assertIn("0 mismatched", self.run_ok("verify", cmf).stdout)
+        self.assertTrue(np.array_equal(self.logits(cmf), self.logits(self.mini)))
+        a = self.run_ok("run", "-m", cmf, "-p", "The king said", "-n", "12", "-s", "3").stdout
+        b = self.run_ok("run", "-m", self.mini, "-p", "The king said", "-n", "12", "-s", "3").stdout
+        self.assertEqual(a, b)
+        g1, g2 = os.path.join(self.tmp, "a.gguf"), os.path.join(self.tmp, "b.gguf")
+        self.run_ok("quantize", cmf, g1, "--type", "q8_0", "-q")
+        self.run_ok("quantize", self.mini, g2, "--type", "q8_0", "-q")
+        self.assertTrue(np.array_equal(self.logits(g1), self.logits(g2)))
+
+    def test_q8_2f_written_by_dory_decodes_in_numpy(self):
+        cmf = os.path.join(self.tmp, "mini-q82.cmf")
+        self.run_ok("convert", self.mini, cmf, "--type", "q8_2f", "-q")
+        name = "backbone.layers.1.mixer.up_proj.weight"
+        out = os.path.join(self.tmp, "t.npy")
+        self.run_ok("info", "-m", cmf, "--dump", name, "-o", out)
+        data = open(cmf, "rb").read()
+        doff, data_off = struct.unpack_from("<Q", data, 0x20)[0], struct.unpack_from("<Q", data, 0x30)[0]
+        count, pool = struct.unpack_from("<QQ", data, doff)
+        for i in range(count):
+            no, nl, dt, nd = struct.unpack_from("<IHBB", data, doff + 16 + 56 * i)
+            if data[doff + pool + no:doff + pool + no + nl].decode() != name:
+                continue
+            shape = struct.unpack_from("<%dI" % nd, data, doff + 16 + 56 * i + 8)
+            off, nb = struct.unpack_from("<QQ", data, doff + 16 + 56 * i + 32)
+            self.assertEqual(dt, W.Q8_2F)
+            ref = W.dec_q8_2f(data[data_off + off:data_off + off + nb], *shape)
+            self.assertTrue(np.array_equal(np.load(out), ref))
+            break
+        else:
+            self.fail(name + " not in the directory")
+        # and the model it makes is the model, to quantization error
+        got, want = self.logits(cmf), self.logits(self.mini)
+        self.assertTrue((got.argmax(1) == want.argmax(1)).all())
+        self.assertLess(np.abs(got - want).max(), 0.5)
