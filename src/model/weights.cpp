@@ -316,6 +316,7 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path) {
 
   const auto expected = expected_tensors(c);
   std::map<std::string, const TensorView*> by_name;
+  std::map<std::string, const float*> col_scales;  // q8_2f matrices: their column scales
   std::vector<TensorView> views;
   views.reserve(expected.size());
   std::vector<std::string> missing, unexpected;
@@ -338,6 +339,25 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path) {
     if (t->dtype == cmf::kF32 || t->dtype == cmf::kF16 || t->dtype == cmf::kBF16) {
       v.dtype = t->dtype == cmf::kF32 ? DType::F32 : t->dtype == cmf::kF16 ? DType::F16 : DType::BF16;
       v.data = t->data;
+    } else if (t->dtype == cmf::kQ8_2f && t->shape[1] % 32 == 0) {
+      // q8_2f runs on the Q8_0 kernels: w[r,c] = (q * row_scale[r]) * col[c], so each row is
+      // Q8_0 blocks with d = row_scale[r] (an f16 already: exact) and the column scales go on
+      // the input (kern::Mat::col_scale). 34 bytes a 32 weights, against 32 + a little.
+      const int64_t rows = t->shape[0], cols = t->shape[1], nb = cols / 32;
+      std::vector<uint8_t>& q = w->repacked.emplace_back(static_cast<size_t>(rows * nb * 34));
+      const uint8_t* rs = t->data + rows * cols;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < nb; ++b) {
+          uint8_t* blk = q.data() + (r * nb + b) * 34;
+          blk[0] = rs[2 * r], blk[1] = rs[2 * r + 1];
+          std::memcpy(blk + 2, t->data + r * cols + 32 * b, 32);
+        }
+      std::vector<float>& col = w->decoded.emplace_back(static_cast<size_t>(cols));
+      const uint8_t* cs = rs + 2 * rows;
+      for (int64_t c = 0; c < cols; ++c) col[c] = f16_to_f32(static_cast<uint16_t>(cs[2 * c] | cs[2 * c + 1] << 8));
+      v.dtype = DType::Q8_0;
+      v.data = q.data();
+      col_scales[name] = col.data();
     } else {
       w->decoded.emplace_back(static_cast<size_t>(t->numel()));
       cmf::dequantize(*t, w->decoded.back().data());
@@ -355,6 +375,26 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path) {
   for (const TensorView& v : views) by_name[v.name] = &v;
   w->all = views;
   fold_weights(*w, [&](const std::string& n) -> const TensorView& { return *by_name[n]; });
+  // The q8_2f matrices' column scales on their Mats.
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    LayerWeights& L = w->layers[i];
+    const std::string p = "backbone.layers." + std::to_string(i) + ".mixer.";
+    const std::pair<kern::Mat*, const char*> mats[] = {
+        {&L.wq, "q_proj.weight"},  {&L.wk, "k_proj.weight"},       {&L.wv, "v_proj.weight"},
+        {&L.wg, "g_proj.weight"},  {&L.wo, "o_proj.weight"},       {&L.w_gate, "gate_proj.weight"},
+        {&L.w_up, "up_proj.weight"}, {&L.w_down, "down_proj.weight"}};
+    for (const auto& [m, n] : mats)
+      if (auto it = col_scales.find(p + n); it != col_scales.end()) m->col_scale = it->second;
+  }
+  if (auto it = col_scales.find("lm_head.weight"); it != col_scales.end()) w->lm_head.col_scale = it->second;
+  if (col_scales.count("backbone.embeddings.weight")) {
+    // The embedding rows are read, not multiplied: its column scales go into a decoded copy.
+    const cmf::Tensor* t = f.find("backbone.embeddings.weight");
+    std::vector<float>& e = w->decoded.emplace_back(static_cast<size_t>(t->numel()));
+    cmf::dequantize(*t, e.data());
+    w->embd.dtype = DType::F32;
+    w->embd.data = e.data();
+  }
   return w;
 }
 

@@ -49,6 +49,7 @@ struct Weights {
   std::unique_ptr<cmf::File> cmf;    // set when loaded from a .cmf
   // Tensors decoded at load (CMF dtypes the kernels do not run yet, as F32): the views point here.
   std::vector<std::vector<float>> decoded;
+  std::vector<std::vector<uint8_t>> repacked;  // CMF q8_2f matrices as Q8_0 blocks
   std::vector<TensorView> all;  // every tensor, for info
   TensorView embd;              // [V, H]
   kern::Mat lm_head{};          // [V, H]

@@ -26,6 +26,10 @@ struct Mat {
   DType dtype;
   const void* data;
   int64_t rows, cols;
+  // Per-column input scales (cols floats) or null: the product is W . (col_scale * x). A CMF
+  // q8_2f matrix runs as Q8_0 blocks this way (its row scale as every block's d, its column
+  // scales here): linear() in the CPU backend applies them; the kernels never see them.
+  const float* col_scale = nullptr;
 };
 
 // Bytes of a matrix (rows x row_bytes): what one product reads.

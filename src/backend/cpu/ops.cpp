@@ -70,6 +70,28 @@ void decode_rows(ThreadPool& pool, const float* x, const uint8_t* const xq[2], c
 void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector<LinearOut>& outs) {
   const kern::KernelSet& k = kern::kernels();
   if (outs.empty()) return;
+  // A matrix with column scales (CMF q8_2f as Q8_0 blocks) takes its own input, scaled per
+  // column; the others go on together below, as they always did.
+  bool scaled = false;
+  for (const LinearOut& o : outs) scaled |= o.w->col_scale != nullptr;
+  if (scaled) {
+    std::vector<LinearOut> plain;
+    for (const LinearOut& o : outs) {
+      if (!o.w->col_scale) {
+        plain.push_back(o);
+        continue;
+      }
+      const int64_t n = o.w->cols;
+      std::vector<float> xs(T * n);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t c = 0; c < n; ++c) xs[t * n + c] = x[t * n + c] * o.w->col_scale[c];
+      kern::Mat m = *o.w;
+      m.col_scale = nullptr;
+      linear_multi(pool, xs.data(), T, {{&m, o.y}});
+    }
+    if (!plain.empty()) linear_multi(pool, x, T, plain);
+    return;
+  }
   const int64_t cols = outs[0].w->cols;
   // Quantized weights: the input is quantized here once per form (rows spread
   // over the pool), not by each task; the kernels' per-thread memo would
