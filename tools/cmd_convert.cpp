@@ -306,9 +306,19 @@ int convert_to_cmf(const ConvertOpts& o) {
   header["tokenizer_config"] = tc;
   cmf::Writer wr(header.dump());
   if (!vocab.empty()) wr.set_vocab(vocab);
+  // Hugging Face names in CMF whatever the input called them (a GGUF's are llama.cpp's).
+  std::map<std::string, const TensorView*> by_name;
+  for (const TensorView& t : w->all) by_name[t.name] = &t;
+  std::vector<std::pair<std::string, const TensorView*>> order;
+  for (const auto& [hf, shape] : expected_tensors(c)) {
+    auto it = by_name.find(w->gguf ? gguf_tensor_name(hf) : hf);
+    if (it == by_name.end()) throw Error(o.in + ": tensor '" + hf + "' not found");
+    order.emplace_back(hf, it->second);
+  }
   uint64_t total = 0;
-  for (size_t k = 0; k < w->all.size(); ++k) {
-    const TensorView& t = w->all[k];
+  for (size_t k = 0; k < order.size(); ++k) {
+    const TensorView& t = *order[k].second;
+    const std::string& hf_name = order[k].first;
     int dt;
     std::vector<uint8_t> payload;
     const std::vector<float> f = t.to_f32();
@@ -324,9 +334,9 @@ int convert_to_cmf(const ConvertOpts& o) {
     }
     total += payload.size();
     if (!o.quiet)
-      std::fprintf(stderr, "[%3zu/%zu] %-44s %-5s %-14s -> %s\n", k + 1, w->all.size(), t.name.c_str(),
+      std::fprintf(stderr, "[%3zu/%zu] %-44s %-5s %-14s -> %s\n", k + 1, order.size(), hf_name.c_str(),
                    dtype_name(t.dtype), shape_str(t.shape).c_str(), cmf::dtype_name(dt));
-    wr.add(t.name, dt, t.shape, std::move(payload));
+    wr.add(hf_name, dt, t.shape, std::move(payload));
   }
   const std::string tmp = o.out + ".tmp";
   try {

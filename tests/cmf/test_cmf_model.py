@@ -219,3 +219,29 @@ class ConvertRoundTrips(unittest.TestCase):
         for other, tol in ((exact, 0.2), (orig, 0.5)):
             self.assertTrue((got.argmax(1) == other.argmax(1)).all())
             self.assertLess(np.abs(got - other).max(), tol)
+
+
+class FromGguf(unittest.TestCase):
+    def test_gguf_input_gets_hugging_face_names(self):
+        tmp = tempfile.mkdtemp(prefix="dory_cmfg_")
+        try:
+            mini = os.path.join(ROOT, "models", "dory-mini")
+            g, c = os.path.join(tmp, "m.gguf"), os.path.join(tmp, "m.cmf")
+            for args in (("quantize", mini, g, "--type", "q8_0", "-q"), ("convert", g, c, "--type", "f32", "-q")):
+                r = subprocess.run([DORY, *args], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+            out = subprocess.run([DORY, "info", "-m", c, "--dump", "backbone.layers.0.attn_alpha", "-o",
+                                  os.path.join(tmp, "a.npy")], capture_output=True, text=True)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            lg = []
+            for m in (g, c):
+                p = os.path.join(tmp, "l.npy")
+                r = subprocess.run([DORY, "logits", "-m", m, "--ids", "1,50,300,2000", "-o", p],
+                                   capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                lg.append(np.load(p))
+            # The same weights (Q8_0 decoded exactly to f32); only the Q8_0 kernels' int8 inputs differ.
+            self.assertTrue((lg[0].argmax(1) == lg[1].argmax(1)).all())
+            self.assertLess(np.abs(lg[0] - lg[1]).max(), 0.2)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
