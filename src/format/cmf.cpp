@@ -390,6 +390,36 @@ File::VerifyResult File::verify(const std::function<void(uint64_t, uint64_t)>& p
   return r;
 }
 
+std::vector<std::string> shard_paths(const std::string& path) {
+  // stem-NNNNN-of-MMMMM.cmf
+  const size_t n = path.size();
+  auto digits = [&](size_t at) {
+    for (size_t i = at; i < at + 5; ++i)
+      if (i >= n || path[i] < '0' || path[i] > '9') return false;
+    return true;
+  };
+  if (n < 20 || path.compare(n - 4, 4, ".cmf") != 0 || path.compare(n - 13, 4, "-of-") != 0 ||
+      !digits(n - 9) || !digits(n - 18) || path[n - 19] != '-')
+    return {path};
+  const int count = std::stoi(path.substr(n - 9, 5)), no = std::stoi(path.substr(n - 18, 5));
+  if (count < 1 || no < 1 || no > count)
+    throw Error(path + ": shard " + std::to_string(no) + " of " + std::to_string(count) +
+                " is not a shard name");
+  const std::string stem = path.substr(0, n - 19);
+  std::vector<std::string> out;
+  for (int i = 1; i <= count; ++i) {
+    char tail[32];
+    std::snprintf(tail, sizeof tail, "-%05d-of-%05d.cmf", i, count);
+    out.push_back(stem + tail);
+    if (std::FILE* f = std::fopen(out.back().c_str(), "rb"))
+      std::fclose(f);
+    else
+      throw Error(path + ": shard " + std::to_string(i) + " of " + std::to_string(count) + " (" +
+                  out.back() + ") is missing");
+  }
+  return out;
+}
+
 void dequantize(const Tensor& t, float* out) {
   const int64_t n = t.numel();
   const uint8_t* p = t.data;

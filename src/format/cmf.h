@@ -130,6 +130,11 @@ class File {
   std::vector<std::pair<std::string, uint64_t>> section_hashes_;  // masks, vocab, index
 };
 
+// The files of a sharded model, in order: for "stem-00002-of-00003.cmf" (any shard's name) the
+// three names stem-00001-of-00003.cmf ... (each must exist: an Error names the first that does
+// not); for any other name, that name alone.
+std::vector<std::string> shard_paths(const std::string& path);
+
 // Decodes a whole tensor to float (numel() values): f32, f16, bf16, q8_row, q4_block,
 // q4_tiled, q8_2f, q4tp, q2tp exactly as docs/cmf.md says (the stored f16 scales, q4tp's
 // sequential f32 ladder). The variable-width types (vbit, vbit_ro, q1, q1s, q1t), u8 and the

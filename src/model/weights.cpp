@@ -275,8 +275,20 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file) {
 std::unique_ptr<Weights> load_cmf_weights(const std::string& path) {
   using nlohmann::json;
   auto w = std::make_unique<Weights>();
-  w->cmf = cmf::File::open(path);
+  // A sharded model: the header, tokenizer and skills are shard 1's; the tensors all shards'.
+  const std::vector<std::string> shards = cmf::shard_paths(path);
+  w->cmf = cmf::File::open(shards[0]);
+  for (size_t i = 1; i < shards.size(); ++i) w->cmf_shards.push_back(cmf::File::open(shards[i]));
   const cmf::File& f = *w->cmf;
+  std::map<std::string, const cmf::Tensor*> all_tensors;
+  for (const cmf::File* sf : [&] {
+         std::vector<const cmf::File*> v{w->cmf.get()};
+         for (auto& x : w->cmf_shards) v.push_back(x.get());
+         return v;
+       }())
+    for (const cmf::Tensor& t : sf->tensors())
+      if (!all_tensors.emplace(t.name, &t).second)
+        throw Error(sf->path() + ": tensor '" + t.name + "' is in another shard too");
   // The config: the arch object under config.json's names, then a config.json beside the file.
   json arch = json::parse(f.arch_json());
   static const std::pair<const char*, const char*> renames[] = {
@@ -322,10 +334,11 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path) {
   std::vector<std::string> missing, unexpected;
   std::set<std::string> want;
   for (const auto& [name, shape] : expected) want.insert(name);
-  for (const cmf::Tensor& t : f.tensors())
-    if (!want.count(t.name) && t.name.rfind("skill.", 0) != 0) unexpected.push_back(t.name);
+  for (const auto& [tname, t] : all_tensors)
+    if (!want.count(tname) && tname.rfind("skill.", 0) != 0) unexpected.push_back(tname);
   for (const auto& [name, shape] : expected) {
-    const cmf::Tensor* t = f.find(name);
+    const auto found = all_tensors.find(name);
+    const cmf::Tensor* t = found == all_tensors.end() ? nullptr : found->second;
     if (!t) {
       missing.push_back(name);
       continue;
@@ -389,7 +402,7 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path) {
   if (auto it = col_scales.find("lm_head.weight"); it != col_scales.end()) w->lm_head.col_scale = it->second;
   if (col_scales.count("backbone.embeddings.weight")) {
     // The embedding rows are read, not multiplied: its column scales go into a decoded copy.
-    const cmf::Tensor* t = f.find("backbone.embeddings.weight");
+    const cmf::Tensor* t = all_tensors.at("backbone.embeddings.weight");
     std::vector<float>& e = w->decoded.emplace_back(static_cast<size_t>(t->numel()));
     cmf::dequantize(*t, e.data());
     w->embd.dtype = DType::F32;

@@ -123,6 +123,33 @@ class CmfModel(unittest.TestCase):
         self.assertTrue(np.isfinite(got).all())
         self.assertEqual(got.shape, self.logits(self.src).shape)
 
+    def test_shards(self):
+        d = os.path.join(self.tmp, "shards")
+        os.makedirs(d, exist_ok=True)
+        shutil.copy(os.path.join(self.src, "config.json"), d)
+        entries = [(n, W.BF16, tuple(shape), raw) for n, (dt, shape, raw) in sorted(self.tensors.items())]
+        half = len(entries) // 2
+        for no, part in ((1, entries[:half]), (2, entries[half:])):
+            W.write(os.path.join(d, "m-%05d-of-00002.cmf" % no), part, arch=self.arch(), quant_type="BF16",
+                    extra_header={"shard": {"no": no, "count": 2}})
+        for name in ("m-00001-of-00002.cmf", "m-00002-of-00002.cmf"):
+            self.assertTrue(np.array_equal(self.logits(os.path.join(d, name)), self.logits(self.src)), name)
+        r = subprocess.run([DORY, "verify", os.path.join(d, "m-00002-of-00002.cmf")], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("%d tensors" % len(entries), r.stdout)
+        # a tensor in both shards; a shard missing
+        W.write(os.path.join(d, "m-00002-of-00002.cmf"), entries[half - 1:], arch=self.arch(), quant_type="BF16")
+        r = subprocess.run([DORY, "logits", "-m", os.path.join(d, "m-00001-of-00002.cmf"), "--ids", "1", "-o",
+                            os.path.join(self.tmp, "x.npy")], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("in another shard too", r.stderr)
+        os.remove(os.path.join(d, "m-00002-of-00002.cmf"))
+        r = subprocess.run([DORY, "logits", "-m", os.path.join(d, "m-00001-of-00002.cmf"), "--ids", "1", "-o",
+                            os.path.join(self.tmp, "x.npy")], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("shard 2 of 2", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1)
+
     def test_arch_and_config_json_must_agree(self):
         path, _ = self.write_cmf(os.path.join(self.tmp, "bad"), q8_2f=False)
         c = dict(self.config)
