@@ -47,6 +47,7 @@ int run_serve(ServeOpts o) {
   check_device(o.run.backend_options());  // before the port is bound
   const std::string path = o.run.model_path();  // -m, or the built-in model
   o.http.model_name = o.alias.empty() ? model_name(path) : o.alias;
+  o.http.skill = o.run.skill;
   server::HttpServer http(o.http);
   http.bind();
   http.start();

@@ -29,6 +29,7 @@ struct RunOpts {
   std::string spill;      // "" = RAM
   bool mmap = false, no_mmap = false;  // --mmap (the default) / --no-mmap
   std::string device = "auto";        // --device cpu|cuda|auto
+  std::string skill;                  // --skill ID|none (CMF files)
   WeightPlacement placement() const;
   BackendOptions backend_options() const;
   // The backend --device names, with the model on it.

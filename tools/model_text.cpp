@@ -10,7 +10,9 @@ namespace dory::cli {
 Loaded load_model_and_tokenizer(const RunOpts& run, const std::string& tokenizer_path) {
   Loaded l;
   check_device(run.backend_options());
-  l.model = Model::load(run.model_path(), run.placement());
+  if (run.skill == "auto")
+    throw Error("--skill auto: routing a prompt to a skill is not there yet (give --skill ID or none)");
+  l.model = Model::load(run.model_path(), run.placement(), run.skill);
   l.backend = run.open(l.model);
   // Without --tokenizer: the model's directory (tokenizer.json), or for a GGUF model the
   // tokenizer.ggml.* metadata inside it (Tokenizer::from_path tells them apart).

@@ -70,8 +70,11 @@ class Model {
   // index), or one of those files inside it.
   // Memory: an Error (naming the file and why) when the weights cannot be
   // read into memory.
+  // skill: a CMF file's skill to overlay (its skill.ID.NAME tensors read in place of NAME);
+  // "" or "none" for the base model. Other formats have no skills: naming one is an Error.
   static std::shared_ptr<const Model> load(const std::string& path,
-                                           WeightPlacement place = WeightPlacement::Mapped);
+                                           WeightPlacement place = WeightPlacement::Mapped,
+                                           const std::string& skill = "");
   ~Model();
 
   const DoryConfig& config() const;

@@ -74,10 +74,12 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file);
 // config.json beside the file, which must agree where both say something. f32/f16/bf16 are
 // used in place; the other CMF dtypes are decoded to F32 at load (4 bytes a weight: their
 // kernels are open work). Skill tensors (skill.ID.NAME) are left to the skills.
-std::unique_ptr<Weights> load_cmf_weights(const std::string& path);
+// skill: "" / "none", or the id of a skill in the file's header whose tensors (skill.ID.NAME)
+// replace the backbone's NAME, read in place as the backbone's are.
+std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::string& skill = "");
 
 // Any of the above, by what path is.
-std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved);
+std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved, const std::string& skill = "");
 
 // The tensor names and shapes a config implies, in a stable order.
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const DoryConfig& c);

@@ -32,6 +32,7 @@ struct ApiContext {
   std::mutex* tmpl_mu = nullptr;  // renders one at a time
   int64_t ctx = 0;                // positions per slot
   int64_t vocab = 0;              // the model's
+  std::string skill;              // the CMF skill the server runs ("" = none)
   SamplingParams sampling;        // the server's defaults (dory serve flags)
   int64_t max_tokens = -1;        // default when a request gives none
   std::vector<std::string> stop;  // added to every request's

@@ -132,6 +132,7 @@ void HttpServer::ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokeniz
   m.api.tmpl_mu = &m.tmpl_mu;
   m.api.ctx = m.engine->ctx();
   m.api.vocab = m.model->config().vocab;
+  m.api.skill = m.opts.skill == "none" ? "" : m.opts.skill;
   m.api.sampling = rd.sampling;
   m.api.max_tokens = rd.max_tokens;
   m.api.stop = rd.stop;

@@ -29,6 +29,7 @@ struct ServerOptions {
   int http_threads = 64;       // connections served at once
   int timeout_s = 30;          // socket read/write timeout
   std::string model_name;      // what /v1/models and responses call the model
+  std::string skill;           // the CMF skill the model was loaded with ("" = none)
   bool verbose = false;        // one line per request on stderr
 };
 

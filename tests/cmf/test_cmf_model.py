@@ -150,6 +150,48 @@ class CmfModel(unittest.TestCase):
         self.assertIn("shard 2 of 2", r.stderr)
         self.assertEqual(len(r.stderr.strip().splitlines()), 1)
 
+    def test_skill_replaces_tensors_by_name(self):
+        # A skill that changes one MLP layer's up projection: with --skill its tensor is read in
+        # place of the backbone's, exactly as a model whose backbone holds it.
+        d = os.path.join(self.tmp, "skill")
+        os.makedirs(d, exist_ok=True)
+        shutil.copy(os.path.join(self.src, "config.json"), d)
+        mlp = [i for i, ch in enumerate(self.config["hybrid_layer_pattern"]) if ch == "-"][1]
+        target = "backbone.layers.%d.mixer.up_proj.weight" % mlp
+        dt, shape, raw = self.tensors[target]
+        # Other weights: -1.5 times the old ones, truncated to bf16 (both files hold these bytes).
+        changed = (bf16_to_f32(raw) * -1.5).astype(np.float32)
+        changed_raw = (changed.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+        base = [(n, W.BF16, tuple(s_), r) for n, (t_, s_, r) in sorted(self.tensors.items())]
+        W.write(os.path.join(d, "m.cmf"), base + [("skill.fix." + target, W.BF16, tuple(shape), changed_raw)],
+                arch=self.arch(), quant_type="BF16",
+                extra_header={"skills": [{"id": "fix", "name": "a fix", "layers": [mlp]}]})
+        swapped = [(n, t_, s_, changed_raw if n == target else r) for n, t_, s_, r in base]
+        os.makedirs(os.path.join(d, "ref"), exist_ok=True)
+        shutil.copy(os.path.join(self.src, "config.json"), os.path.join(d, "ref"))
+        W.write(os.path.join(d, "ref", "m.cmf"), swapped, arch=self.arch(), quant_type="BF16")
+        m = os.path.join(d, "m.cmf")
+
+        def lg(*flags):
+            out = os.path.join(self.tmp, "s.npy")
+            r = subprocess.run([DORY, "logits", "-m", *flags, "--ids", self.ids, "-o", out], capture_output=True,
+                               text=True)
+            return r, (np.load(out) if r.returncode == 0 else None)
+        _, with_skill = lg(m, "--skill", "fix")
+        _, ref = lg(os.path.join(d, "ref", "m.cmf"))
+        _, none = lg(m, "--skill", "none")
+        _, base_l = lg(m)
+        self.assertTrue(np.array_equal(with_skill, ref))
+        self.assertTrue(np.array_equal(none, base_l))
+        self.assertTrue(np.array_equal(base_l, self.logits(self.src)))
+        self.assertFalse(np.array_equal(with_skill, base_l))
+        for flags, msg in (((m, "--skill", "nope"), "the file has fix"), ((self.src, "--skill", "fix"), "CMF"),
+                           ((m, "--skill", "auto"), "not there yet")):
+            r, _ = lg(*flags)
+            self.assertEqual(r.returncode, 1, flags)
+            self.assertIn(msg, r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1)
+
     def test_arch_and_config_json_must_agree(self):
         path, _ = self.write_cmf(os.path.join(self.tmp, "bad"), q8_2f=False)
         c = dict(self.config)
