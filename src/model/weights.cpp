@@ -272,7 +272,7 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file) {
   return w;
 }
 
-std::unique_ptr<Weights> load_cmf_weights(const std::string& path) {
+std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::string& skill) {
   using nlohmann::json;
   auto w = std::make_unique<Weights>();
   // A sharded model: the header, tokenizer and skills are shard 1's; the tensors all shards'.
@@ -326,6 +326,30 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path) {
   w->cfg = parse_hf_config_text(cfg.dump(), path + " (arch" + (is_file(beside) ? " + " + beside : std::string()) + ")");
   const DoryConfig& c = w->cfg;
 
+  // The skill overlay: its tensors replace the backbone's by name (replacement, not addition).
+  const bool overlay = !skill.empty() && skill != "none";
+  if (overlay) {
+    bool known = false;
+    std::string ids;
+    for (const cmf::Skill& k : f.skills()) {
+      known |= k.id == skill;
+      ids += (ids.empty() ? "" : ", ") + k.id;
+    }
+    if (!known)
+      throw Error(path + ": no skill '" + skill + "' (the file has " + (ids.empty() ? std::string("none") : ids) + ")");
+    const std::string pre = "skill." + skill + ".";
+    int replaced = 0;
+    for (auto& [tname, t] : all_tensors)
+      if (tname.rfind(pre, 0) == 0) {
+        const std::string base = tname.substr(pre.size());
+        auto it = all_tensors.find(base);
+        if (it == all_tensors.end())
+          throw Error(path + ": skill tensor '" + tname + "' replaces '" + base + "', which the model does not have");
+        it->second = t;
+        ++replaced;
+      }
+    if (replaced == 0) throw Error(path + ": skill '" + skill + "' has no tensors (skill." + skill + ".*)");
+  }
   const auto expected = expected_tensors(c);
   std::map<std::string, const TensorView*> by_name;
   std::map<std::string, const float*> col_scales;  // q8_2f matrices: their column scales
@@ -344,8 +368,8 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path) {
       continue;
     }
     if (t->shape != shape)
-      throw Error(path + ": tensor '" + name + "' has shape " + shape_str(t->shape) + ", but the config implies " +
-                  shape_str(shape));
+      throw Error(path + ": tensor '" + t->name + "' has shape " + shape_str(t->shape) + ", but the config implies " +
+                  shape_str(shape) + " for '" + name + "'");
     TensorView v;
     v.name = name;
     v.shape = t->shape;
@@ -411,7 +435,7 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path) {
   return w;
 }
 
-std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved) {
+std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved, const std::string& skill) {
   if (is_file(path)) {
     bool gguf_magic = false, cmf_magic = false;
     if (std::FILE* fp = std::fopen(path.c_str(), "rb")) {
@@ -423,13 +447,17 @@ std::unique_ptr<Weights> load_weights(const std::string& path, std::string* reso
     }
     if (cmf_magic || ends_with(path, ".cmf")) {
       *resolved = path;
-      return load_cmf_weights(path);
+      return load_cmf_weights(path, skill);
     }
+    if (!skill.empty() && skill != "none")
+      throw Error(path + ": --skill " + skill + ": skills live in CMF files; this model is not one");
     if (gguf_magic || ends_with(path, ".gguf")) {
       *resolved = path;
       return load_gguf_weights(path);
     }
   }
+  if (!skill.empty() && skill != "none")
+    throw Error(path + ": --skill " + skill + ": skills live in CMF files; this model is not one");
   return load_hf_weights(path, resolved);
 }
 
