@@ -42,7 +42,7 @@ int run_bench(const BenchOpts& o) {
   check_device(o.run.backend_options());
   const auto t_load = Clock::now();
   if (o.run.skill == "auto") throw Error("--skill auto: routing a prompt to a skill is not there yet (give --skill ID or none)");
-  auto model = Model::load(o.run.model_path(), o.run.placement(), o.run.skill);
+  auto model = Model::load(o.run.model_path(), o.run.placement(), o.run.skill, o.run.lora);
   const double load_s = seconds_since(t_load);
   const DoryConfig& c = model->config();
   const int threads = o.run.n_threads();

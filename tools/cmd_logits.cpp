@@ -23,7 +23,7 @@ int run_logits(const LogitsOpts& o) {
   const std::vector<int32_t> ids = parse_ids(o.ids);
   check_device(o.run.backend_options());
   if (o.run.skill == "auto") throw Error("--skill auto: routing a prompt to a skill is not there yet (give --skill ID or none)");
-  auto model = Model::load(o.run.model_path(), o.run.placement(), o.run.skill);
+  auto model = Model::load(o.run.model_path(), o.run.placement(), o.run.skill, o.run.lora);
   Session session(o.run.open(model), o.run.session());
   if (o.prompt_rows < 0 || o.prompt_rows >= static_cast<int64_t>(ids.size()))
     throw Error("--prompt-rows " + std::to_string(o.prompt_rows) + " must leave at least one of the " +

@@ -69,6 +69,9 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
   app->add_option("--spill", o.spill,
                   "with --exact: keep the rows that wait for the choice in files under this directory, not in RAM");
   add_device_opt(app, o);
+  app->add_option("--lora", o.lora,
+                  "a PEFT LoRA adapter (its directory, or adapter_model.safetensors with adapter_config.json "
+                  "beside it), optionally :SCALE; applied at run time, the base weights untouched (repeatable)");
   app->add_option("--skill", o.skill,
                   "CMF files: run with this skill's tensors in place of the backbone's (ID, or none; auto "
                   "routing is not there yet; dory info lists the file's skills)");

@@ -12,7 +12,7 @@ Loaded load_model_and_tokenizer(const RunOpts& run, const std::string& tokenizer
   check_device(run.backend_options());
   if (run.skill == "auto")
     throw Error("--skill auto: routing a prompt to a skill is not there yet (give --skill ID or none)");
-  l.model = Model::load(run.model_path(), run.placement(), run.skill);
+  l.model = Model::load(run.model_path(), run.placement(), run.skill, run.lora);
   l.backend = run.open(l.model);
   // Without --tokenizer: the model's directory (tokenizer.json), or for a GGUF model the
   // tokenizer.ggml.* metadata inside it (Tokenizer::from_path tells them apart).

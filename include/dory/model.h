@@ -72,9 +72,10 @@ class Model {
   // read into memory.
   // skill: a CMF file's skill to overlay (its skill.ID.NAME tensors read in place of NAME);
   // "" or "none" for the base model. Other formats have no skills: naming one is an Error.
+  // loras: PEFT adapters ("DIR or adapter_model.safetensors[:SCALE]") applied at run time.
   static std::shared_ptr<const Model> load(const std::string& path,
                                            WeightPlacement place = WeightPlacement::Mapped,
-                                           const std::string& skill = "");
+                                           const std::string& skill = "", const std::vector<std::string>& loras = {});
   ~Model();
 
   const DoryConfig& config() const;

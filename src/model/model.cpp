@@ -5,9 +5,11 @@
 
 namespace dory {
 
-std::shared_ptr<const Model> Model::load(const std::string& path, WeightPlacement place, const std::string& skill) {
+std::shared_ptr<const Model> Model::load(const std::string& path, WeightPlacement place, const std::string& skill,
+                                         const std::vector<std::string>& loras) {
   std::shared_ptr<Model> m(new Model());
   m->weights_ = load_weights(path, &m->path_, skill);
+  if (!loras.empty()) apply_loras(*m->weights_, loras);
   Weights& w = *m->weights_;
   if (place == WeightPlacement::Memory) {
     for (auto& f : w.files) f->read_into_memory();

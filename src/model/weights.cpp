@@ -435,6 +435,80 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
   return w;
 }
 
+void apply_loras(Weights& w, const std::vector<std::string>& specs) {
+  using nlohmann::json;
+  const DoryConfig& c = w.cfg;
+  // The HF module names of the adaptable matrices.
+  std::map<std::string, kern::Mat*> modules;
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    LayerWeights& L = w.layers[i];
+    const std::string p = "backbone.layers." + std::to_string(i) + ".mixer.";
+    const std::pair<kern::Mat*, const char*> mats[] = {
+        {&L.wq, "q_proj"},      {&L.wk, "k_proj"},  {&L.wv, "v_proj"},       {&L.wg, "g_proj"},
+        {&L.wo, "o_proj"},      {&L.w_gate, "gate_proj"}, {&L.w_up, "up_proj"}, {&L.w_down, "down_proj"}};
+    for (const auto& [m, n] : mats)
+      if (m->data) modules[p + n] = m;
+  }
+  modules["lm_head"] = &w.lm_head;
+  for (const std::string& spec : specs) {
+    // FILE[:SCALE]: the scale when what follows the last ':' is a number.
+    std::string file = spec;
+    float user = 1.0f;
+    if (const size_t colon = spec.rfind(':'); colon != std::string::npos) {
+      char* end = nullptr;
+      const std::string tail = spec.substr(colon + 1);
+      const float v = std::strtof(tail.c_str(), &end);
+      if (!tail.empty() && end && *end == 0) file = spec.substr(0, colon), user = v;
+    }
+    std::string dir = file, st = file;
+    if (is_dir(file)) st = file + "/adapter_model.safetensors";
+    else dir = file.rfind('/') == std::string::npos ? "." : file.substr(0, file.rfind('/'));
+    if (!is_file(st)) throw Error("--lora " + spec + ": no adapter_model.safetensors at " + st);
+    const std::string cfg_path = dir + "/adapter_config.json";
+    if (!is_file(cfg_path)) throw Error("--lora " + spec + ": no adapter_config.json beside " + st);
+    json cfg;
+    try {
+      cfg = json::parse(read_text_file(cfg_path));
+    } catch (const json::exception& e) {
+      throw Error(cfg_path + ": not valid JSON: " + e.what());
+    }
+    if (!cfg.is_object() || !cfg.contains("r") || !cfg["r"].is_number_integer() || cfg["r"].get<int64_t>() < 1)
+      throw Error(cfg_path + ": key 'r' must be a positive integer");
+    const double r = static_cast<double>(cfg["r"].get<int64_t>());
+    const double alpha = cfg.contains("lora_alpha") && cfg["lora_alpha"].is_number() ? cfg["lora_alpha"].get<double>() : r;
+    const bool rs = cfg.contains("use_rslora") && cfg["use_rslora"].is_boolean() && cfg["use_rslora"].get<bool>();
+    const float scale = user * static_cast<float>(alpha / (rs ? std::sqrt(r) : r));
+    w.adapter_files.push_back(std::make_unique<SafeTensorsFile>(st));
+    const auto& tensors = w.adapter_files.back()->tensors();
+    int n_pairs = 0;
+    for (const auto& [name, a] : tensors) {
+      const std::string suffix = ".lora_A.weight";
+      if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+      std::string module = name.substr(0, name.size() - suffix.size());
+      for (const char* pre : {"base_model.model.", "model."})
+        if (module.rfind(pre, 0) == 0 && !modules.count(module)) module = module.substr(std::strlen(pre));
+      auto mit = modules.find(module);
+      if (mit == modules.end()) throw Error(st + ": tensor '" + name + "' adapts '" + module + "', which the model does not have");
+      auto bit = tensors.find(name.substr(0, name.size() - suffix.size()) + ".lora_B.weight");
+      if (bit == tensors.end()) throw Error(st + ": tensor '" + name + "' has no lora_B beside it");
+      const TensorView& b = bit->second;
+      kern::Mat& m = *mit->second;
+      if (a.shape.size() != 2 || b.shape.size() != 2 || a.shape[1] != m.cols || b.shape[0] != m.rows ||
+          b.shape[1] != a.shape[0])
+        throw Error(st + ": '" + name + "' " + shape_str(a.shape) + " and its lora_B " + shape_str(b.shape) +
+                    " do not fit '" + module + "' [" + std::to_string(m.rows) + ", " + std::to_string(m.cols) + "]");
+      w.decoded.push_back(a.to_f32());
+      const float* pa = w.decoded.back().data();
+      w.decoded.push_back(b.to_f32());
+      const float* pb = w.decoded.back().data();
+      w.loras[&m].push_back(kern::LoraDelta{a.shape[0], scale, pa, pb});
+      m.lora = &w.loras[&m];
+      ++n_pairs;
+    }
+    if (n_pairs == 0) throw Error(st + ": no lora_A/lora_B tensor pairs");
+  }
+}
+
 std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved, const std::string& skill) {
   if (is_file(path)) {
     bool gguf_magic = false, cmf_magic = false;

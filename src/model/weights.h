@@ -1,4 +1,5 @@
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,8 @@ struct Weights {
   // Tensors decoded at load (CMF dtypes the kernels do not run yet, as F32): the views point here.
   std::vector<std::vector<float>> decoded;
   std::vector<std::vector<uint8_t>> repacked;  // CMF q8_2f matrices as Q8_0 blocks
+  std::vector<std::unique_ptr<SafeTensorsFile>> adapter_files;  // --lora files (kept mapped)
+  std::map<const kern::Mat*, std::vector<kern::LoraDelta>> loras;  // what each Mat::lora points at
   std::vector<TensorView> all;  // every tensor, for info
   TensorView embd;              // [V, H]
   kern::Mat lm_head{};          // [V, H]
@@ -77,6 +80,12 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file);
 // skill: "" / "none", or the id of a skill in the file's header whose tensors (skill.ID.NAME)
 // replace the backbone's NAME, read in place as the backbone's are.
 std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::string& skill = "");
+
+// PEFT LoRA adapters ("DIR_OR_adapter_model.safetensors[:SCALE]"), applied at run time: each
+// adapted matrix's Mat::lora lists (A, B, scale * lora_alpha / r) and the CPU backend adds
+// scale * B (A x) to its products; the base weights are not touched. Throws Error naming the
+// file and the tensor for a module the model does not have or a shape that does not fit.
+void apply_loras(Weights& w, const std::vector<std::string>& specs);
 
 // Any of the above, by what path is.
 std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved, const std::string& skill = "");

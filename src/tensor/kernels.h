@@ -30,6 +30,17 @@ struct Mat {
   // q8_2f matrix runs as Q8_0 blocks this way (its row scale as every block's d, its column
   // scales here): linear() in the CPU backend applies them; the kernels never see them.
   const float* col_scale = nullptr;
+  // Low-rank adapters added at run time, y += scale * B (A x) each (PEFT LoRA; the base weights
+  // are not rewritten): applied by linear() in the CPU backend, never seen by the kernels.
+  const std::vector<struct LoraDelta>* lora = nullptr;
+};
+
+// One adapter of a matrix [rows x cols]: A [rank x cols] and B [rows x rank], in float.
+struct LoraDelta {
+  int64_t rank = 0;
+  float scale = 1;
+  const float* a = nullptr;
+  const float* b = nullptr;
 };
 
 // Bytes of a matrix (rows x row_bytes): what one product reads.

@@ -14,7 +14,8 @@ void normalize(float* x, int64_t n) {
   for (; i + 8 <= n; i += 8)
     for (int j = 0; j < 8; ++j) part[j] += double(x[i + j]) * x[i + j];
   for (int j = 0; i < n; ++i, ++j) part[j] += double(x[i]) * x[i];
-  const double ss = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+  const double ss =
+      ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
   const float inv = static_cast<float>(1.0 / std::sqrt(ss + 1e-6));
   for (i = 0; i < n; ++i) x[i] *= inv;
 }
@@ -29,7 +30,9 @@ void ngpt_residual(float* x, float* y, const float* a, int64_t n) {
 namespace {
 
 // Q8_0 and Q4_0 share one input form, the K types another.
-int act_form(DType t) { return t == DType::Q8_0 || t == DType::Q4_0 ? 0 : 1; }
+int act_form(DType t) {
+  return t == DType::Q8_0 || t == DType::Q4_0 ? 0 : 1;
+}
 
 // Quantized weights: up to kRowwiseMax input rows run row by row through the
 // matrix-vector kernel, over blocks of kRowwiseSub weight rows when more than one
@@ -48,7 +51,8 @@ constexpr int64_t kRowwiseMax = 3, kRowwiseSub = 64;
 // across the boundary measured 1-2% slower still.)
 constexpr int64_t kMinRangeRows = 32;
 
-void decode_rows(ThreadPool& pool, const float* x, const uint8_t* const xq[2], const std::vector<LinearOut>& outs) {
+void decode_rows(ThreadPool& pool, const float* x, const uint8_t* const xq[2],
+                 const std::vector<LinearOut>& outs) {
   const kern::KernelSet& k = kern::kernels();
   std::vector<int64_t> cuts(outs.size());
   int64_t total = 0;
@@ -59,8 +63,10 @@ void decode_rows(ThreadPool& pool, const float* x, const uint8_t* const xq[2], c
       const size_t i = std::upper_bound(cuts.begin(), cuts.end(), b) - cuts.begin();
       const int64_t r0 = b - (i ? cuts[i - 1] : 0), r1 = r0 + (e - b);
       const kern::Mat& w = *outs[i].w;
-      if (dtype_is_quantized(w.dtype)) k.matvec_qa(w, xq[act_form(w.dtype)], outs[i].y + r0, r0, r1);
-      else k.matvec(w, x, outs[i].y + r0, r0, r1);
+      if (dtype_is_quantized(w.dtype))
+        k.matvec_qa(w, xq[act_form(w.dtype)], outs[i].y + r0, r0, r1);
+      else
+        k.matvec(w, x, outs[i].y + r0, r0, r1);
     }
   });
 }
@@ -70,6 +76,40 @@ void decode_rows(ThreadPool& pool, const float* x, const uint8_t* const xq[2], c
 void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector<LinearOut>& outs) {
   const kern::KernelSet& k = kern::kernels();
   if (outs.empty()) return;
+  // Adapters: the products without them first, then each adapter's low-rank term added.
+  bool adapted = false;
+  for (const LinearOut& o : outs) adapted |= o.w->lora != nullptr;
+  if (adapted) {
+    std::vector<kern::Mat> bare(outs.size());
+    std::vector<LinearOut> plain;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      bare[i] = *outs[i].w;
+      bare[i].lora = nullptr;
+      plain.push_back({&bare[i], outs[i].y});
+    }
+    linear_multi(pool, x, T, plain);
+    for (const LinearOut& o : outs) {
+      if (!o.w->lora) continue;
+      const int64_t n = o.w->cols, m = o.w->rows;
+      for (const kern::LoraDelta& d : *o.w->lora)
+        pool.run(T, [&](int64_t t) {
+          std::vector<float> ax(d.rank);
+          const float* xt = x + t * n;
+          for (int64_t k = 0; k < d.rank; ++k) {
+            double s = 0;
+            for (int64_t c = 0; c < n; ++c) s += double(d.a[k * n + c]) * xt[c];
+            ax[k] = static_cast<float>(s) * d.scale;
+          }
+          float* yt = o.y + t * m;
+          for (int64_t r = 0; r < m; ++r) {
+            float s = 0;
+            for (int64_t k = 0; k < d.rank; ++k) s += d.b[r * d.rank + k] * ax[k];
+            yt[r] += s;
+          }
+        });
+    }
+    return;
+  }
   // A matrix with column scales (CMF q8_2f as Q8_0 blocks) takes its own input, scaled per
   // column; the others go on together below, as they always did.
   bool scaled = false;
@@ -116,8 +156,10 @@ void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector
     if (rowwise) {
       const uint64_t stride = (k.act_row_bytes(t, cols) + 63) / 64 * 64;
       uint8_t* buf = qbuf[f].get(stride * T);
-      if (T == 1) k.quantize_act(t, x, cols, buf);
-      else pool.run(T, [&](int64_t r) { k.quantize_act(t, x + r * cols, cols, buf + r * stride); });
+      if (T == 1)
+        k.quantize_act(t, x, cols, buf);
+      else
+        pool.run(T, [&](int64_t r) { k.quantize_act(t, x + r * cols, cols, buf + r * stride); });
       xq[f] = buf;
       xq_stride[f] = stride;
     } else {

@@ -261,6 +261,8 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
   auto mat = [&](const kern::Mat& m) {
     cuda::DevMat d;
     if (!m.data) return d;
+    if (m.lora)
+      throw Error("--device cuda: LoRA adapters (--lora) run on the CPU backend only so far (--device cpu)");
     if (m.col_scale)
       throw Error("--device cuda: this model's CMF q8_2f matrices run on the CPU backend only so far (--device cpu, "
                   "or convert it to GGUF with dory quantize)");

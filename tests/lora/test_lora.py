@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+"""PEFT LoRA adapters at run time (--lora DIR[:SCALE]): the logits equal those of a checkpoint
+with the adapters merged into its weights (numpy: W + scale * lora_alpha / r * B @ A), and the
+base weights stay untouched.
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DORY = os.environ.get("DORY_BIN", "")
+PY = "/usr/bin/python3"
+# Both runs in float inputs: BF16 products on a CPU with AVX512_BF16 round their input to bf16
+# by default, which the merged F32 checkpoint's products do not.
+ENV = dict(os.environ, DORY_BF16_INPUT="float")
+# The merged checkpoint computes sum((W + dW) x), dory sum(W x) + B (A x): the same numbers summed
+# in another order, ~1e-7 relative each; over the tiny model's 12 layers x 2 loops the logits
+# (magnitude ~5-10) moved by 3.2e-5 (adapters of std 0.05; 4.9e-4 with std 0.3, whose effect
+# was 74). 1e-3 still catches a wrong scale, row or module: the adapter itself moves the logits
+# by ~11, checked below to be over 0.1.
+TOL = 1e-3
+
+
+def read_st(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in h.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        raw = data[a:b]
+        if v["dtype"] == "BF16":
+            arr = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            arr = np.frombuffer(raw, np.float32)
+        out[k] = arr.reshape(v["shape"]).copy()
+    return out
+
+
+def write_st(path, tensors):
+    header, blob = {}, b""
+    for k, a in tensors.items():
+        raw = np.ascontiguousarray(a, np.float32).tobytes()
+        header[k] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [len(blob), len(blob) + len(raw)]}
+        blob += raw
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)) + hb + blob)
+
+
+class Lora(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not DORY or not os.access(DORY, os.X_OK):
+            raise RuntimeError("DORY_BIN must name the dory binary")
+        cls.tmp = tempfile.mkdtemp(prefix="dory_lora_")
+        cls.base = os.path.join(cls.tmp, "base")
+        subprocess.run([PY, os.path.join(ROOT, "scripts", "make_checkpoint.py"), "--out", cls.base, "--quiet"],
+                       check=True)
+        cfg = json.load(open(os.path.join(cls.base, "config.json")))
+        cls.vocab = cfg["vocab_size"]
+        w = read_st(os.path.join(cls.base, "model.safetensors"))
+        mlp = [i for i, ch in enumerate(cfg["hybrid_layer_pattern"]) if ch == "-"][0]
+        targets = ["backbone.layers.0.mixer.q_proj", "backbone.layers.%d.mixer.up_proj" % mlp, "lm_head"]
+        rng = np.random.default_rng(4)
+        r, alpha, user = 4, 8.0, 0.5
+        adapter, merged = {}, dict(w)
+        for t in targets:
+            out_dim, in_dim = w[t + ".weight"].shape
+            a = rng.standard_normal((r, in_dim)).astype(np.float32) * 0.05
+            b = rng.standard_normal((out_dim, r)).astype(np.float32) * 0.05
+            adapter["base_model.model." + t + ".lora_A.weight"] = a
+            adapter["base_model.model." + t + ".lora_B.weight"] = b
+            merged[t + ".weight"] = w[t + ".weight"] + np.float32(user * alpha / r) * (b @ a)
+        cls.adapter = os.path.join(cls.tmp, "adapter")
+        os.makedirs(cls.adapter)
+        write_st(os.path.join(cls.adapter, "adapter_model.safetensors"), adapter)
+        json.dump({"r": r, "lora_alpha": alpha, "target_modules": ["q_proj", "up_proj", "lm_head"],
+                   "peft_type": "LORA"}, open(os.path.join(cls.adapter, "adapter_config.json"), "w"))
+        cls.merged = os.path.join(cls.tmp, "merged")
+        os.makedirs(cls.merged)
+        shutil.copy(os.path.join(cls.base, "config.json"), cls.merged)
+        write_st(os.path.join(cls.merged, "model.safetensors"), merged)
+        cls.ids = ",".join(map(str, rng.integers(0, cls.vocab, 24)))
+        cls.user = user
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def logits(self, model, *flags):
+        out = os.path.join(self.tmp, "l.npy")
+        r = subprocess.run([DORY, "logits", "-m", model, "--ids", self.ids, "-o", out, *flags], capture_output=True,
+                           text=True, env=ENV)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return np.load(out)
+
+    def test_equals_merged_weights(self):
+        got = self.logits(self.base, "--lora", "%s:%g" % (self.adapter, self.user))
+        want = self.logits(self.merged)
+        base = self.logits(self.base)
+        d = np.abs(got - want).max()
+        print("  lora vs merged: max|d| %.2e; the adapter moves logits by %.2f" % (d, np.abs(want - base).max()))
+        self.assertLess(d, TOL)
+        self.assertGreater(np.abs(want - base).max(), 0.1)
+        # the file given as the safetensors file itself, and a chunked prompt, the same
+        got2 = self.logits(self.base, "--lora", os.path.join(self.adapter, "adapter_model.safetensors") + ":0.5",
+                           "--chunk", "5")
+        self.assertLess(np.abs(got2 - want).max(), TOL)
+
+    def test_bad_adapters_are_one_line_errors(self):
+        bad = os.path.join(self.tmp, "bad")
+        os.makedirs(bad, exist_ok=True)
+        write_st(os.path.join(bad, "adapter_model.safetensors"),
+                 {"base_model.model.backbone.layers.0.mixer.nope.lora_A.weight": np.zeros((2, 4), np.float32),
+                  "base_model.model.backbone.layers.0.mixer.nope.lora_B.weight": np.zeros((4, 2), np.float32)})
+        json.dump({"r": 2, "lora_alpha": 2}, open(os.path.join(bad, "adapter_config.json"), "w"))
+        for spec, msg in ((bad, "does not have"), (os.path.join(self.tmp, "missing"), "no adapter_model"),
+                          (self.base, "no adapter_model")):
+            r = subprocess.run([DORY, "logits", "-m", self.base, "--ids", "1,2", "-o", os.path.join(self.tmp, "x.npy"),
+                                "--lora", spec], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 1, spec)
+            self.assertIn(msg, r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
