@@ -91,22 +91,29 @@ void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector
     for (const LinearOut& o : outs) {
       if (!o.w->lora) continue;
       const int64_t n = o.w->cols, m = o.w->rows;
-      for (const kern::LoraDelta& d : *o.w->lora)
-        pool.run(T, [&](int64_t t) {
-          std::vector<float> ax(d.rank);
+      for (const kern::LoraDelta& d : *o.w->lora) {
+        // A x for every (row, rank) as its own task, then B over blocks of 256 output rows:
+        // both spread over the pool (one row of decode would leave a thread alone with it).
+        std::vector<float> ax(T * d.rank);
+        pool.run(T * d.rank, [&](int64_t task) {
+          const int64_t t = task / d.rank, k = task % d.rank;
           const float* xt = x + t * n;
-          for (int64_t k = 0; k < d.rank; ++k) {
-            double s = 0;
-            for (int64_t c = 0; c < n; ++c) s += double(d.a[k * n + c]) * xt[c];
-            ax[k] = static_cast<float>(s) * d.scale;
-          }
+          double s = 0;
+          for (int64_t c = 0; c < n; ++c) s += double(d.a[k * n + c]) * xt[c];
+          ax[task] = static_cast<float>(s) * d.scale;
+        });
+        const int64_t blocks = (m + 255) / 256;
+        pool.run(T * blocks, [&](int64_t task) {
+          const int64_t t = task / blocks, r0 = (task % blocks) * 256, r1 = std::min(m, r0 + 256);
           float* yt = o.y + t * m;
-          for (int64_t r = 0; r < m; ++r) {
+          const float* at = ax.data() + t * d.rank;
+          for (int64_t r = r0; r < r1; ++r) {
             float s = 0;
-            for (int64_t k = 0; k < d.rank; ++k) s += d.b[r * d.rank + k] * ax[k];
+            for (int64_t k = 0; k < d.rank; ++k) s += d.b[r * d.rank + k] * at[k];
             yt[r] += s;
           }
         });
+      }
     }
     return;
   }
