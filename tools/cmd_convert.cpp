@@ -1,17 +1,16 @@
 // dory convert HF_DIR OUT.gguf [--type ...], and the engine of dory quantize:
 // a model in, GGUF in llama.cpp's Dory layout out, tensor by tensor, written to
 // OUT.tmp and renamed at the end so a failure leaves no broken file.
-#include <cctype>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "commands.h"
 #include "common.h"
@@ -26,6 +25,8 @@
 #include "tensor/quant.h"
 
 namespace dory::cli {
+
+void merge_adapters(Weights& w, const std::vector<std::string>& specs);
 
 const char* const kConvertTypes = "bf16|f16|f32|q8_0|q4_0|q4_k_m|q5_k_m|q6_k";
 const char* const kConvertRecipe =
@@ -52,17 +53,19 @@ struct FType {
   uint32_t file_type;  // llama.cpp's LlamaFileType
   bool k_mix;          // the _M rules
   bool output_q6k;
-  bool embd_bf16;      // token_embd.weight BF16 (from a float input)
+  bool embd_bf16;  // token_embd.weight BF16 (from a float input)
 };
 
 const FType kFTypes[] = {
-    {"f32", DType::F32, 0, false, false, false},     {"f16", DType::F16, 1, false, false, false},
-    {"bf16", DType::BF16, 32, false, false, false},  {"q8_0", DType::Q8_0, 7, false, false, true},
-    {"q4_0", DType::Q4_0, 2, false, true, false},    {"q4_k_m", DType::Q4_K, 15, true, true, false},
-    {"q5_k_m", DType::Q5_K, 17, true, true, false},  {"q6_k", DType::Q6_K, 18, false, true, false},
+    {"f32", DType::F32, 0, false, false, false},    {"f16", DType::F16, 1, false, false, false},
+    {"bf16", DType::BF16, 32, false, false, false}, {"q8_0", DType::Q8_0, 7, false, false, true},
+    {"q4_0", DType::Q4_0, 2, false, true, false},   {"q4_k_m", DType::Q4_K, 15, true, true, false},
+    {"q5_k_m", DType::Q5_K, 17, true, true, false}, {"q6_k", DType::Q6_K, 18, false, true, false},
 };
 
-bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+bool use_more_bits(int64_t i, int64_t n) {
+  return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
 
 DType fallback(DType t, int64_t cols) {
   if (dtype_row_ok(t, cols)) return t;
@@ -71,7 +74,9 @@ DType fallback(DType t, int64_t cols) {
   return DType::F16;
 }
 
-bool contains(const std::string& s, const char* sub) { return s.find(sub) != std::string::npos; }
+bool contains(const std::string& s, const char* sub) {
+  return s.find(sub) != std::string::npos;
+}
 
 bool is_dir(const std::string& p) {
   struct stat st {};
@@ -135,10 +140,12 @@ int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
   const DType out_type = has_out ? parse_tensor_type("--output-type", o.output_type) : DType::F32;
   const DType embd_type = has_embd ? parse_tensor_type("--embd-type", o.embd_type) : DType::F32;
   if (require_hf_dir && !is_dir(o.in))
-    throw Error(o.in + ": not a directory; dory convert takes a Hugging Face directory "
-                       "(use dory quantize for a GGUF input)");
+    throw Error(o.in +
+                ": not a directory; dory convert takes a Hugging Face directory "
+                "(use dory quantize for a GGUF input)");
   std::string resolved;
   std::unique_ptr<Weights> w = load_weights(o.in, &resolved);
+  merge_adapters(*w, o.merge_lora);
   const DoryConfig& c = w->cfg;
 
   gguf::Writer wr;
@@ -178,10 +185,12 @@ int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
       ty = ft->base;
       if (name == "output.weight" && ft->output_q6k)
         ty = dtype_row_ok(DType::Q6_K, cols) ? DType::Q6_K : DType::Q8_0;
-      if (ft->k_mix && contains(name, "attn_v.weight") && use_more_bits(i_wv, n_wv)) ty = DType::Q6_K;
+      if (ft->k_mix && contains(name, "attn_v.weight") && use_more_bits(i_wv, n_wv))
+        ty = DType::Q6_K;
       if (ft->k_mix && contains(name, "ffn_down.weight") && use_more_bits(i_down, n_down))
         ty = DType::Q6_K;
-      if (name == "token_embd.weight" && ft->embd_bf16 && !dtype_is_quantized(t->dtype)) ty = DType::BF16;
+      if (name == "token_embd.weight" && ft->embd_bf16 && !dtype_is_quantized(t->dtype))
+        ty = DType::BF16;
       if (name == "output.weight" && has_out) ty = out_type;
       if (name == "token_embd.weight" && has_embd) ty = embd_type;
       ty = fallback(ty, cols);
@@ -216,7 +225,8 @@ int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
         wr.write_tensor(t.data, t.nbytes());  // same type: the bytes as they are
       } else {
         // Pieces of up to ~64 MiB of output, rows spread over threads.
-        const int64_t step = std::max<int64_t>(1, int64_t((64ull << 20) / std::max<uint64_t>(rb, 1)));
+        const int64_t step =
+            std::max<int64_t>(1, int64_t((64ull << 20) / std::max<uint64_t>(rb, 1)));
         std::vector<uint8_t> buf;
         for (int64_t r0 = 0; r0 < rows; r0 += step) {
           const int64_t r1 = std::min(rows, r0 + step);
@@ -244,12 +254,43 @@ int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
     wr.finish();
     if (std::rename(tmp.c_str(), o.out.c_str()) != 0)
       throw Error(o.out + ": cannot rename " + tmp + " to it: " + std::strerror(errno));
-    if (!o.quiet) std::fprintf(stderr, "wrote %s (%s of tensor data)\n", o.out.c_str(), human_bytes(total).c_str());
+    if (!o.quiet)
+      std::fprintf(stderr, "wrote %s (%s of tensor data)\n", o.out.c_str(),
+                   human_bytes(total).c_str());
   } catch (...) {
     std::remove(tmp.c_str());
     throw;
   }
   return 0;
+}
+
+// --merge-lora: every adapted matrix becomes W + sum(scale * B @ A) in float, and its view (in
+// w.all, by name) points at that, so the writers take it as any float tensor.
+void merge_adapters(Weights& w, const std::vector<std::string>& specs) {
+  if (specs.empty()) return;
+  apply_loras(w, specs);
+  std::map<const void*, std::pair<const kern::Mat*, TensorView*>> by_data;
+  for (TensorView& t : w.all) by_data[t.data] = {nullptr, &t};
+  size_t merged = 0;
+  for (auto& [mat, deltas] : w.loras) {
+    auto it = by_data.find(mat->data);
+    if (it == by_data.end()) continue;
+    TensorView& t = *it->second.second;
+    std::vector<float>& m = w.decoded.emplace_back(t.to_f32());
+    const int64_t rows = mat->rows, cols = mat->cols;
+    for (const kern::LoraDelta& d : deltas)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          double s = 0;
+          for (int64_t k = 0; k < d.rank; ++k) s += double(d.b[r * d.rank + k]) * d.a[k * cols + c];
+          m[r * cols + c] += static_cast<float>(d.scale * s);
+        }
+    t.dtype = DType::F32;
+    t.data = m.data();
+    ++merged;
+  }
+  std::fprintf(stderr, "merged %zu adapted matrices from %zu adapter%s\n", merged, specs.size(),
+               specs.size() == 1 ? "" : "s");
 }
 
 // dory convert/quantize IN OUT.cmf: the model as cortiq's CMF container, tensors under their
@@ -263,6 +304,7 @@ int convert_to_cmf(const ConvertOpts& o) {
     throw Error("--type '" + ty + "' is not a CMF type dory.cpp writes (" + kTypes + ")");
   std::string resolved;
   std::unique_ptr<Weights> w = load_weights(o.in, &resolved);
+  merge_adapters(*w, o.merge_lora);
   const DoryConfig& c = w->cfg;
   json arch = json::parse(hf_config_json(c));
   arch.erase("architectures");
@@ -278,9 +320,16 @@ int convert_to_cmf(const ConvertOpts& o) {
   json types = json::array();
   for (char k : c.pattern) types.push_back(k == '*' ? "FullAttention" : "SlidingAttention");
   arch["layer_types"] = types;
-  for (const char* k : {"num_hidden_layers", "num_key_value_heads", "n_recurrent_loops", "attention_head_dim"}) arch.erase(k);
-  json header = {{"format", "cmf"}, {"version", 2}, {"arch", arch},
-                 {"quant_type", ty == "q8_2f" ? "Q8_2F" : ty == "f16" ? "F16" : ty == "f32" ? "F32" : "BF16"},
+  for (const char* k :
+       {"num_hidden_layers", "num_key_value_heads", "n_recurrent_loops", "attention_head_dim"})
+    arch.erase(k);
+  json header = {{"format", "cmf"},
+                 {"version", 2},
+                 {"arch", arch},
+                 {"quant_type", ty == "q8_2f" ? "Q8_2F"
+                                : ty == "f16" ? "F16"
+                                : ty == "f32" ? "F32"
+                                              : "BF16"},
                  {"provenance", {{"converter", "dory.cpp"}, {"source", base_name(resolved)}}}};
   // The tokenizer: tokenizer.json (+ the chat template of tokenizer_config.json) beside an HF
   // model, or a CMF input's own; a GGUF input's tokenizer is not a tokenizer.json.
@@ -291,13 +340,16 @@ int convert_to_cmf(const ConvertOpts& o) {
   } else if (!w->gguf) {
     struct stat st {};
     const std::string dir = is_dir(resolved) ? resolved : resolved.substr(0, resolved.rfind('/'));
-    if (::stat((dir + "/tokenizer.json").c_str(), &st) == 0) vocab = read_text_file(dir + "/tokenizer.json");
+    if (::stat((dir + "/tokenizer.json").c_str(), &st) == 0)
+      vocab = read_text_file(dir + "/tokenizer.json");
     if (::stat((dir + "/tokenizer_config.json").c_str(), &st) == 0) {
       try {
         const json tc = json::parse(read_text_file(dir + "/tokenizer_config.json"));
-        if (tc.contains("chat_template") && tc["chat_template"].is_string()) tmpl = tc["chat_template"];
+        if (tc.contains("chat_template") && tc["chat_template"].is_string())
+          tmpl = tc["chat_template"];
       } catch (const json::exception&) {
-        // a tokenizer_config.json that is not JSON: no template (the tokenizer reports it when loaded)
+        // a tokenizer_config.json that is not JSON: no template (the tokenizer reports it when
+        // loaded)
       }
     }
   }
@@ -326,16 +378,21 @@ int convert_to_cmf(const ConvertOpts& o) {
       dt = cmf::kQ8_2f;
       payload = cmf::encode_q8_2f(f.data(), t.shape[0], t.shape[1]);
     } else {
-      const DType d = ty == "f16" ? DType::F16 : ty == "f32" || ty == "q8_2f" ? DType::F32 : DType::BF16;
+      const DType d = ty == "f16"                    ? DType::F16
+                      : ty == "f32" || ty == "q8_2f" ? DType::F32
+                                                     : DType::BF16;
       dt = d == DType::F16 ? cmf::kF16 : d == DType::F32 ? cmf::kF32 : cmf::kBF16;
       payload.resize(row_bytes(d, static_cast<int64_t>(f.size())));
-      if (t.dtype == d) std::memcpy(payload.data(), t.data, payload.size());  // the bytes as they are
-      else quantize_row(d, f.data(), payload.data(), static_cast<int64_t>(f.size()));
+      if (t.dtype == d)
+        std::memcpy(payload.data(), t.data, payload.size());  // the bytes as they are
+      else
+        quantize_row(d, f.data(), payload.data(), static_cast<int64_t>(f.size()));
     }
     total += payload.size();
     if (!o.quiet)
-      std::fprintf(stderr, "[%3zu/%zu] %-44s %-5s %-14s -> %s\n", k + 1, order.size(), hf_name.c_str(),
-                   dtype_name(t.dtype), shape_str(t.shape).c_str(), cmf::dtype_name(dt));
+      std::fprintf(stderr, "[%3zu/%zu] %-44s %-5s %-14s -> %s\n", k + 1, order.size(),
+                   hf_name.c_str(), dtype_name(t.dtype), shape_str(t.shape).c_str(),
+                   cmf::dtype_name(dt));
     wr.add(hf_name, dt, t.shape, std::move(payload));
   }
   const std::string tmp = o.out + ".tmp";
@@ -348,22 +405,29 @@ int convert_to_cmf(const ConvertOpts& o) {
     throw;
   }
   if (!o.quiet)
-    std::fprintf(stderr, "wrote %s (CMF v2, %s of tensor data%s)\n", o.out.c_str(), human_bytes(total).c_str(),
-                 vocab.empty() ? ", no tokenizer" : ", tokenizer.json");
+    std::fprintf(stderr, "wrote %s (CMF v2, %s of tensor data%s)\n", o.out.c_str(),
+                 human_bytes(total).c_str(), vocab.empty() ? ", no tokenizer" : ", tokenizer.json");
   return 0;
 }
 
 Runner add_convert(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "convert", std::string("convert a Hugging Face directory to GGUF (llama.cpp's Dory layout), or to CMF\n"
-                             "(OUT.cmf: --type bf16|f16|f32|q8_2f; docs/cmf.md)\n") +
-                     kConvertRecipe);
+      "convert",
+      std::string("convert a Hugging Face directory to GGUF (llama.cpp's Dory layout), or to CMF\n"
+                  "(OUT.cmf: --type bf16|f16|f32|q8_2f; docs/cmf.md)\n") +
+          kConvertRecipe);
   auto o = std::make_shared<ConvertOpts>();
   cmd->add_option("input", o->in, "Hugging Face directory (config.json + safetensors)")->required();
   cmd->add_option("output", o->out, "output .gguf, or .cmf for cortiq's container")->required();
-  cmd->add_option("--type", o->type, std::string("weight type (default bf16): ") + kConvertTypes + "; for .cmf bf16|f16|f32|q8_2f");
+  cmd->add_option("--type", o->type,
+                  std::string("weight type (default bf16): ") + kConvertTypes +
+                      "; for .cmf bf16|f16|f32|q8_2f");
   cmd->add_option("-t,--threads", o->threads, "threads (default all cores)");
   cmd->add_flag("-q,--quiet", o->quiet, "no per-tensor progress lines");
+  cmd->add_option(
+      "--merge-lora", o->merge_lora,
+      "merge this PEFT LoRA adapter (DIR or adapter_model.safetensors, optionally :SCALE) into the "
+      "written weights (repeatable)");
   add_tensor_type_overrides(cmd, *o);
   return [o] {
     const bool cmf_out = o->out.size() > 4 && o->out.compare(o->out.size() - 4, 4, ".cmf") == 0;

@@ -15,6 +15,7 @@ Runner add_quantize(CLI::App& app) {
   cmd->add_option("--type", o->type, std::string("weight type: ") + kConvertTypes)->required();
   cmd->add_option("-t,--threads", o->threads, "threads (default all cores)");
   cmd->add_flag("-q,--quiet", o->quiet, "no per-tensor progress lines");
+  cmd->add_option("--merge-lora", o->merge_lora, "merge this PEFT LoRA adapter (DIR[:SCALE]) into the weights (repeatable)");
   add_tensor_type_overrides(cmd, *o);
   return [o] {
     const bool cmf_out = o->out.size() > 4 && o->out.compare(o->out.size() - 4, 4, ".cmf") == 0;

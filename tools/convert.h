@@ -22,6 +22,8 @@ struct ConvertOpts {
   // keys and tensors of *turbo replace any the input has.
   bool keep_types = false;
   const Turbo* turbo = nullptr;
+  // --merge-lora: PEFT adapters merged into the written weights (W + scale * B @ A).
+  std::vector<std::string> merge_lora;
 };
 
 // The --type names, for help texts.

@@ -137,3 +137,22 @@ class Lora(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class MergeLora(unittest.TestCase):
+    def test_merged_file_equals_the_adapter_at_run_time(self):
+        Lora.setUpClass()
+        try:
+            out = os.path.join(Lora.tmp, "merged.gguf")
+            r = subprocess.run([DORY, "convert", Lora.base, out, "--type", "f32", "-q", "--merge-lora",
+                                "%s:%g" % (Lora.adapter, Lora.user)], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("merged 3 adapted matrices", r.stderr)
+            case = Lora()
+            merged = case.logits(out)
+            want = case.logits(Lora.merged)       # numpy's merge
+            live = case.logits(Lora.base, "--lora", "%s:%g" % (Lora.adapter, Lora.user))
+            self.assertLess(np.abs(merged - want).max(), TOL)
+            self.assertLess(np.abs(merged - live).max(), TOL)
+        finally:
+            Lora.tearDownClass()
