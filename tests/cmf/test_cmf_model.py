@@ -22,35 +22,15 @@ sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True
 import cmf_writer as W  # noqa: E402
 
+sys.path.insert(0, os.path.join(ROOT, "tests", "testlib"))
+import st_np as ST  # noqa: E402
+
 DORY = os.environ.get("DORY_BIN", "")
 PY = "/usr/bin/python3"
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = info["data_offsets"]
-        out[name] = (info["dtype"], info["shape"], data[a:b])
-    return out
-
-
-def write_safetensors(path, tensors):
-    """tensors: {name: float32 array}."""
-    header, blob = {}, b""
-    for name, arr in tensors.items():
-        raw = np.ascontiguousarray(arr, np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [len(blob), len(blob) + len(raw)]}
-        blob += raw
-    hb = json.dumps(header).encode()
-    hb += b" " * (-len(hb) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)) + hb + blob)
+read_safetensors = ST.read
+write_safetensors = ST.write_f32
 
 
 def bf16_to_f32(raw):

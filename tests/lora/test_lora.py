@@ -6,7 +6,6 @@ base weights stay untouched.
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,9 @@ import unittest
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "testlib"))
+sys.dont_write_bytecode = True
+import st_np as ST  # noqa: E402
 DORY = os.environ.get("DORY_BIN", "")
 PY = "/usr/bin/python3"
 # Both runs in float inputs: BF16 products on a CPU with AVX512_BF16 round their input to bf16
@@ -29,34 +31,10 @@ TOL = 1e-3
 
 
 def read_st(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        h = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for k, v in h.items():
-        if k == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        raw = data[a:b]
-        if v["dtype"] == "BF16":
-            arr = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            arr = np.frombuffer(raw, np.float32)
-        out[k] = arr.reshape(v["shape"]).copy()
-    return out
+    return {k: ST.to_f32(*v) for k, v in ST.read(path).items()}
 
 
-def write_st(path, tensors):
-    header, blob = {}, b""
-    for k, a in tensors.items():
-        raw = np.ascontiguousarray(a, np.float32).tobytes()
-        header[k] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [len(blob), len(blob) + len(raw)]}
-        blob += raw
-    hb = json.dumps(header).encode()
-    hb += b" " * (-len(hb) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)) + hb + blob)
+write_st = ST.write_f32
 
 
 class Lora(unittest.TestCase):
