@@ -310,19 +310,16 @@ int convert_to_cmf(const ConvertOpts& o) {
   arch.erase("architectures");
   arch.erase("model_type");
   arch["arch_name"] = "dory";
-  arch["num_layers"] = c.n_layer;
-  arch["num_kv_heads"] = c.n_kv_head;
-  arch["num_loops"] = c.n_loops;
-  arch["head_dim"] = c.head_dim;
+  for (const auto& [cortiq, hf] : cmf::arch_key_names()) {  // cortiq's names for the common keys
+    arch[cortiq] = arch[hf];
+    arch.erase(hf);
+  }
   arch["rms_norm_eps"] = 1e-6;
   // cortiq's readers require layer_types; hybrid_layer_pattern is what Dory reads (an MLP
   // layer has no cortiq name: it is written as its block's attention kind would be).
   json types = json::array();
   for (char k : c.pattern) types.push_back(k == '*' ? "FullAttention" : "SlidingAttention");
   arch["layer_types"] = types;
-  for (const char* k :
-       {"num_hidden_layers", "num_key_value_heads", "n_recurrent_loops", "attention_head_dim"})
-    arch.erase(k);
   json header = {{"format", "cmf"},
                  {"version", 2},
                  {"arch", arch},
@@ -430,8 +427,7 @@ Runner add_convert(CLI::App& app) {
       "written weights (repeatable)");
   add_tensor_type_overrides(cmd, *o);
   return [o] {
-    const bool cmf_out = o->out.size() > 4 && o->out.compare(o->out.size() - 4, 4, ".cmf") == 0;
-    return cmf_out ? convert_to_cmf(*o) : convert_to_gguf(*o, true);
+    return cmf::is_cmf_name(o->out) ? convert_to_cmf(*o) : convert_to_gguf(*o, true);
   };
 }
 

@@ -64,7 +64,6 @@ int run_cmf_info(const std::string& path, const std::string& dump, const std::st
   return 0;
 }
 
-bool is_cmf(const std::string& path) { return path.size() > 4 && path.compare(path.size() - 4, 4, ".cmf") == 0; }
 
 int run_info(const std::string& path) {
   auto model = Model::load(path);
@@ -169,9 +168,9 @@ Runner add_info(CLI::App& app) {
   cmd->add_option("-o,--output", *out, "with --dump: the .npy to write");
   return [path, dump, out] {
     const std::string p = path->empty() ? default_model_path() : *path;
-    if (!dump->empty() && (!is_cmf(p) || out->empty()))
+    if (!dump->empty() && (!cmf::is_cmf_name(p) || out->empty()))
       throw Error("--dump needs a CMF file (-m FILE.cmf) and -o OUT.npy");
-    return is_cmf(p) ? run_cmf_info(p, *dump, *out) : run_info(p);
+    return cmf::is_cmf_name(p) ? run_cmf_info(p, *dump, *out) : run_info(p);
   };
 }
 

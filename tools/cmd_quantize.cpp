@@ -1,13 +1,16 @@
 // dory quantize IN OUT.gguf --type ...: IN is a Hugging Face directory or a GGUF.
 #include "commands.h"
 #include "convert.h"
+#include "format/cmf.h"
 
 namespace dory::cli {
 
 Runner add_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "quantize", std::string("write a model (HF directory, GGUF or CMF) as GGUF at a weight type (or as CMF)\n") +
-                      kConvertRecipe);
+      "quantize",
+      std::string(
+          "write a model (HF directory, GGUF or CMF) as GGUF at a weight type (or as CMF)\n") +
+          kConvertRecipe);
   auto o = std::make_shared<ConvertOpts>();
   o->type = "";
   cmd->add_option("input", o->in, "Hugging Face directory or .gguf")->required();
@@ -15,12 +18,10 @@ Runner add_quantize(CLI::App& app) {
   cmd->add_option("--type", o->type, std::string("weight type: ") + kConvertTypes)->required();
   cmd->add_option("-t,--threads", o->threads, "threads (default all cores)");
   cmd->add_flag("-q,--quiet", o->quiet, "no per-tensor progress lines");
-  cmd->add_option("--merge-lora", o->merge_lora, "merge this PEFT LoRA adapter (DIR[:SCALE]) into the weights (repeatable)");
+  cmd->add_option("--merge-lora", o->merge_lora,
+                  "merge this PEFT LoRA adapter (DIR[:SCALE]) into the weights (repeatable)");
   add_tensor_type_overrides(cmd, *o);
-  return [o] {
-    const bool cmf_out = o->out.size() > 4 && o->out.compare(o->out.size() - 4, 4, ".cmf") == 0;
-    return cmf_out ? convert_to_cmf(*o) : convert_to_gguf(*o, false);
-  };
+  return [o] { return cmf::is_cmf_name(o->out) ? convert_to_cmf(*o) : convert_to_gguf(*o, false); };
 }
 
 static const bool registered = register_command(75, add_quantize);

@@ -11,7 +11,7 @@ namespace dory::cli {
 
 namespace {
 int run_verify(const std::string& path) {
-  if (path.size() < 4 || path.compare(path.size() - 4, 4, ".cmf") != 0)
+  if (!cmf::is_cmf_name(path))
     throw Error(path +
                 ": dory verify checks CMF files (.cmf), whose hashes it reads; GGUF and "
                 "safetensors record none");

@@ -390,6 +390,19 @@ File::VerifyResult File::verify(const std::function<void(uint64_t, uint64_t)>& p
   return r;
 }
 
+bool is_cmf_name(const std::string& path) {
+  return path.size() > 4 && path.compare(path.size() - 4, 4, ".cmf") == 0;
+}
+
+const std::vector<std::pair<std::string, std::string>>& arch_key_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"num_layers", "num_hidden_layers"},
+      {"num_kv_heads", "num_key_value_heads"},
+      {"num_loops", "n_recurrent_loops"},
+      {"head_dim", "attention_head_dim"}};
+  return names;
+}
+
 std::vector<std::string> shard_paths(const std::string& path) {
   // stem-NNNNN-of-MMMMM.cmf
   const size_t n = path.size();
@@ -398,8 +411,8 @@ std::vector<std::string> shard_paths(const std::string& path) {
       if (i >= n || path[i] < '0' || path[i] > '9') return false;
     return true;
   };
-  if (n < 20 || path.compare(n - 4, 4, ".cmf") != 0 || path.compare(n - 13, 4, "-of-") != 0 ||
-      !digits(n - 9) || !digits(n - 18) || path[n - 19] != '-')
+  if (n < 20 || !is_cmf_name(path) || path.compare(n - 13, 4, "-of-") != 0 || !digits(n - 9) ||
+      !digits(n - 18) || path[n - 19] != '-')
     return {path};
   const int count = std::stoi(path.substr(n - 9, 5)), no = std::stoi(path.substr(n - 18, 5));
   if (count < 1 || no < 1 || no > count)

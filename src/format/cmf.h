@@ -130,6 +130,14 @@ class File {
   std::vector<std::pair<std::string, uint64_t>> section_hashes_;  // masks, vocab, index
 };
 
+// A path naming a CMF file (it ends in .cmf).
+bool is_cmf_name(const std::string& path);
+
+// The arch keys cortiq names otherwise than config.json does: (cortiq's, config.json's), e.g.
+// ("num_layers", "num_hidden_layers"). A Dory CMF's arch carries the rest under config.json's
+// names.
+const std::vector<std::pair<std::string, std::string>>& arch_key_names();
+
 // The files of a sharded model, in order: for "stem-00002-of-00003.cmf" (any shard's name) the
 // three names stem-00001-of-00003.cmf ... (each must exist: an Error names the first that does
 // not); for any other name, that name alone.

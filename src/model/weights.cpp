@@ -120,6 +120,23 @@ void fold_weights(Weights& wr, Get get) {
   }
 }
 
+// The model's matrices by Hugging Face name ("backbone.layers.3.mixer.up_proj.weight",
+// "lm_head.weight"): what CMF column scales and LoRA adapters attach to.
+std::map<std::string, kern::Mat*> matrices_by_name(Weights& w) {
+  std::map<std::string, kern::Mat*> out;
+  for (int64_t i = 0; i < w.cfg.n_layer; ++i) {
+    LayerWeights& L = w.layers[i];
+    const std::string p = "backbone.layers." + std::to_string(i) + ".mixer.";
+    const std::pair<kern::Mat*, const char*> mats[] = {
+        {&L.wq, "q_proj"}, {&L.wk, "k_proj"},         {&L.wv, "v_proj"},   {&L.wg, "g_proj"},
+        {&L.wo, "o_proj"}, {&L.w_gate, "gate_proj"}, {&L.w_up, "up_proj"}, {&L.w_down, "down_proj"}};
+    for (const auto& [m, n] : mats)
+      if (m->data) out[p + n + ".weight"] = m;
+  }
+  out["lm_head.weight"] = &w.lm_head;
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const DoryConfig& c) {
@@ -291,14 +308,11 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
         throw Error(sf->path() + ": tensor '" + t.name + "' is in another shard too");
   // The config: the arch object under config.json's names, then a config.json beside the file.
   json arch = json::parse(f.arch_json());
-  static const std::pair<const char*, const char*> renames[] = {
-      {"num_layers", "num_hidden_layers"}, {"num_kv_heads", "num_key_value_heads"},
-      {"num_loops", "n_recurrent_loops"}, {"head_dim", "attention_head_dim"}};
   json cfg = json::object();
   for (auto it = arch.begin(); it != arch.end(); ++it) {
     std::string k = it.key();
-    for (const auto& [from, to] : renames)
-      if (k == from) k = to;
+    for (const auto& [cortiq, hf] : cmf::arch_key_names())
+      if (k == cortiq) k = hf;
     if (k == "arch_name" || k == "layer_types" || k == "rms_norm_eps" || k == "norm_style" || k == "hidden_act" ||
         k == "embed_multiplier" || k == "loop_final_norm")
       continue;  // cortiq's own keys, which a Dory config has no use for
@@ -413,17 +427,8 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
   w->all = views;
   fold_weights(*w, [&](const std::string& n) -> const TensorView& { return *by_name[n]; });
   // The q8_2f matrices' column scales on their Mats.
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    LayerWeights& L = w->layers[i];
-    const std::string p = "backbone.layers." + std::to_string(i) + ".mixer.";
-    const std::pair<kern::Mat*, const char*> mats[] = {
-        {&L.wq, "q_proj.weight"},  {&L.wk, "k_proj.weight"},       {&L.wv, "v_proj.weight"},
-        {&L.wg, "g_proj.weight"},  {&L.wo, "o_proj.weight"},       {&L.w_gate, "gate_proj.weight"},
-        {&L.w_up, "up_proj.weight"}, {&L.w_down, "down_proj.weight"}};
-    for (const auto& [m, n] : mats)
-      if (auto it = col_scales.find(p + n); it != col_scales.end()) m->col_scale = it->second;
-  }
-  if (auto it = col_scales.find("lm_head.weight"); it != col_scales.end()) w->lm_head.col_scale = it->second;
+  for (const auto& [n, m] : matrices_by_name(*w))
+    if (auto it = col_scales.find(n); it != col_scales.end()) m->col_scale = it->second;
   if (col_scales.count("backbone.embeddings.weight")) {
     // The embedding rows are read, not multiplied: its column scales go into a decoded copy.
     const cmf::Tensor* t = all_tensors.at("backbone.embeddings.weight");
@@ -437,19 +442,7 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
 
 void apply_loras(Weights& w, const std::vector<std::string>& specs) {
   using nlohmann::json;
-  const DoryConfig& c = w.cfg;
-  // The HF module names of the adaptable matrices.
-  std::map<std::string, kern::Mat*> modules;
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    LayerWeights& L = w.layers[i];
-    const std::string p = "backbone.layers." + std::to_string(i) + ".mixer.";
-    const std::pair<kern::Mat*, const char*> mats[] = {
-        {&L.wq, "q_proj"},      {&L.wk, "k_proj"},  {&L.wv, "v_proj"},       {&L.wg, "g_proj"},
-        {&L.wo, "o_proj"},      {&L.w_gate, "gate_proj"}, {&L.w_up, "up_proj"}, {&L.w_down, "down_proj"}};
-    for (const auto& [m, n] : mats)
-      if (m->data) modules[p + n] = m;
-  }
-  modules["lm_head"] = &w.lm_head;
+  const std::map<std::string, kern::Mat*> modules = matrices_by_name(w);
   for (const std::string& spec : specs) {
     // FILE[:SCALE]: the scale when what follows the last ':' is a number.
     std::string file = spec;
@@ -486,8 +479,8 @@ void apply_loras(Weights& w, const std::vector<std::string>& specs) {
       if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
       std::string module = name.substr(0, name.size() - suffix.size());
       for (const char* pre : {"base_model.model.", "model."})
-        if (module.rfind(pre, 0) == 0 && !modules.count(module)) module = module.substr(std::strlen(pre));
-      auto mit = modules.find(module);
+        if (module.rfind(pre, 0) == 0 && !modules.count(module + ".weight")) module = module.substr(std::strlen(pre));
+      auto mit = modules.find(module + ".weight");
       if (mit == modules.end()) throw Error(st + ": tensor '" + name + "' adapts '" + module + "', which the model does not have");
       auto bit = tensors.find(name.substr(0, name.size() - suffix.size()) + ".lora_B.weight");
       if (bit == tensors.end()) throw Error(st + ": tensor '" + name + "' has no lora_B beside it");
@@ -519,7 +512,7 @@ std::unique_ptr<Weights> load_weights(const std::string& path, std::string* reso
       cmf_magic = got && std::memcmp(m, "CMF\x01", 4) == 0;
       std::fclose(fp);
     }
-    if (cmf_magic || ends_with(path, ".cmf")) {
+    if (cmf_magic || cmf::is_cmf_name(path)) {
       *resolved = path;
       return load_cmf_weights(path, skill);
     }
