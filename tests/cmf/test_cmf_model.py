@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "testlib"))
 import st_np as ST  # noqa: E402
 
 DORY = os.environ.get("DORY_BIN", "")
-PY = "/usr/bin/python3"
 
 
 read_safetensors = ST.read
@@ -34,19 +33,13 @@ write_safetensors = ST.write_f32
 
 
 def bf16_to_f32(raw):
-    return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return ST.to_f32("BF16", [-1], raw)
 
 
 class CmfModel(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        if not DORY or not os.access(DORY, os.X_OK):
-            raise RuntimeError("DORY_BIN must name the dory binary")
-        cls.tmp = tempfile.mkdtemp(prefix="dory_cmfm_")
-        cls.src = os.path.join(cls.tmp, "tiny")
-        subprocess.run([PY, os.path.join(ROOT, "scripts", "make_checkpoint.py"), "--out", cls.src, "--quiet"],
-                       check=True)
-        cls.config = json.load(open(os.path.join(cls.src, "config.json")))
+        cls.tmp, cls.src, cls.config = ST.tiny_checkpoint("dory_cmfm_")
         cls.tensors = read_safetensors(os.path.join(cls.src, "model.safetensors"))
         cls.ids = ",".join(str(i) for i in np.random.default_rng(2).integers(0, cls.config["vocab_size"], 30))
 

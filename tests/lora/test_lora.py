@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -18,7 +17,6 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "testlib"))
 sys.dont_write_bytecode = True
 import st_np as ST  # noqa: E402
 DORY = os.environ.get("DORY_BIN", "")
-PY = "/usr/bin/python3"
 # Both runs in float inputs: BF16 products on a CPU with AVX512_BF16 round their input to bf16
 # by default, which the merged F32 checkpoint's products do not.
 ENV = dict(os.environ, DORY_BF16_INPUT="float")
@@ -40,13 +38,7 @@ write_st = ST.write_f32
 class Lora(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        if not DORY or not os.access(DORY, os.X_OK):
-            raise RuntimeError("DORY_BIN must name the dory binary")
-        cls.tmp = tempfile.mkdtemp(prefix="dory_lora_")
-        cls.base = os.path.join(cls.tmp, "base")
-        subprocess.run([PY, os.path.join(ROOT, "scripts", "make_checkpoint.py"), "--out", cls.base, "--quiet"],
-                       check=True)
-        cfg = json.load(open(os.path.join(cls.base, "config.json")))
+        cls.tmp, cls.base, cfg = ST.tiny_checkpoint("dory_lora_")
         cls.vocab = cfg["vocab_size"]
         w = read_st(os.path.join(cls.base, "model.safetensors"))
         mlp = [i for i, ch in enumerate(cfg["hybrid_layer_pattern"]) if ch == "-"][0]

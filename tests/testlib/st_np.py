@@ -42,3 +42,21 @@ def write_f32(path, tensors):
     hb += b" " * (-len(hb) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(hb)) + hb + blob)
+
+
+def tiny_checkpoint(prefix):
+    """A fresh temporary directory holding the tiny random checkpoint (scripts/make_checkpoint.py);
+    returns (that directory, the checkpoint's path, its config.json as a dict). Needs DORY_BIN."""
+    import os
+    import subprocess
+    import tempfile
+    dory = os.environ.get("DORY_BIN", "")
+    if not dory or not os.access(dory, os.X_OK):
+        raise RuntimeError("DORY_BIN must name the dory binary")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    out = os.path.join(tmp, "tiny")
+    subprocess.run(["/usr/bin/python3", os.path.join(root, "scripts", "make_checkpoint.py"), "--out", out, "--quiet"],
+                   check=True)
+    with open(os.path.join(out, "config.json")) as f:
+        return tmp, out, json.load(f)
