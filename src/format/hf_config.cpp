@@ -162,6 +162,15 @@ DoryConfig parse_hf_config(const std::string& path) {
   return parse_hf_config_text(read_text_file(path), path);
 }
 
+json read_json_file(const std::string& path) {
+  const std::string text = read_text_file(path);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+}
+
 std::string hf_config_json(const DoryConfig& c) {
   json j = json::object();
   j["architectures"] = {"DoryForCausalLM"};

@@ -1,9 +1,13 @@
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "dory/model.h"
 
 namespace dory {
+
+// A JSON file, parsed; throws Error("PATH: not valid JSON: ...") or the read's own error.
+nlohmann::json read_json_file(const std::string& path);
 
 // Reads a Hugging Face config.json into a validated DoryConfig. Errors name the
 // file and the key.

@@ -1,6 +1,7 @@
 #include "model/gguf_dory.h"
 
 #include "format/config_keys.h"
+#include "format/hf_config.h"
 
 #include <sys/stat.h>
 
@@ -205,20 +206,11 @@ std::string write_tokenizer_metadata(gguf::Writer& w, const std::string& dir, in
   std::string note;
   json cfg = json::object();
   if (file_exists(tc)) {
-    try {
-      cfg = json::parse(read_text_file(tc));
-    } catch (const json::exception& e) {
-      throw Error(tc + ": not valid JSON: " + e.what());
-    }
+    cfg = read_json_file(tc);
     if (!cfg.is_object()) throw Error(tc + ": not a JSON object");
   }
   if (file_exists(tj)) {
-    json j;
-    try {
-      j = json::parse(read_text_file(tj));
-    } catch (const json::exception& e) {
-      throw Error(tj + ": not valid JSON: " + e.what());
-    }
+    json j = read_json_file(tj);
     if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
       throw Error(tj + ": no \"model\" object");
     const json& model = j["model"];

@@ -45,12 +45,7 @@ std::vector<std::string> shard_files(const std::string& dir,
                                      std::map<std::string, std::string>* weight_map) {
   const std::string index = dir + "/model.safetensors.index.json";
   if (is_file(index)) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_text_file(index));
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(index + ": not valid JSON: " + e.what());
-    }
+    nlohmann::json j = read_json_file(index);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw Error(index + ": missing the \"weight_map\" object");
     std::set<std::string> seen;
@@ -323,12 +318,7 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
   size_t slash = path.rfind('/');
   const std::string beside = (slash == std::string::npos ? std::string(".") : path.substr(0, slash)) + "/config.json";
   if (is_file(beside)) {
-    json side;
-    try {
-      side = json::parse(read_text_file(beside));
-    } catch (const json::exception& e) {
-      throw Error(beside + ": not valid JSON: " + e.what());
-    }
+    json side = read_json_file(beside);
     if (!side.is_object()) throw Error(beside + ": not a JSON object");
     for (auto it = side.begin(); it != side.end(); ++it) {
       if (cfg.contains(it.key()) && !cfg[it.key()].is_null() && cfg[it.key()] != it.value())
@@ -459,12 +449,7 @@ void apply_loras(Weights& w, const std::vector<std::string>& specs) {
     if (!is_file(st)) throw Error("--lora " + spec + ": no adapter_model.safetensors at " + st);
     const std::string cfg_path = dir + "/adapter_config.json";
     if (!is_file(cfg_path)) throw Error("--lora " + spec + ": no adapter_config.json beside " + st);
-    json cfg;
-    try {
-      cfg = json::parse(read_text_file(cfg_path));
-    } catch (const json::exception& e) {
-      throw Error(cfg_path + ": not valid JSON: " + e.what());
-    }
+    json cfg = read_json_file(cfg_path);
     if (!cfg.is_object() || !cfg.contains("r") || !cfg["r"].is_number_integer() || cfg["r"].get<int64_t>() < 1)
       throw Error(cfg_path + ": key 'r' must be a positive integer");
     const double r = static_cast<double>(cfg["r"].get<int64_t>());
