@@ -223,8 +223,20 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
   const Weights& w = model_->weights();
   const DoryConfig& c = w.cfg;
   bf16_input_ = kern::kernels().bf16_input;
+  // Prefill products of BF16 weights on tensor cores take bf16-rounded inputs: the CPU's own
+  // function where its kernels round (AVX512_BF16), and the GPU's default elsewhere too, unless
+  // DORY_BF16_INPUT=float asks for float inputs (then they run in float on CUDA cores).
+  {
+    const char* in = std::getenv("DORY_BF16_INPUT");
+    cuda::set_tc_float_inputs(!(in && std::string(in) == "float"));
+  }
   // DORY_CUDA_GRAPHS=0: every launch on its own (to compare, or to debug a kernel).
   if (const char* g = std::getenv("DORY_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
+  // DORY_CUDA_PROFILE=1: every launch timed on its own (graphs off), a table at exit.
+  if (const char* g = std::getenv("DORY_CUDA_PROFILE"); g && std::string(g) != "0") {
+    cuda::prof_enable(true);
+    use_graphs_ = false;
+  }
 
   // What goes up: every matrix as its file's blocks, the folded float vectors.
   uint64_t need = kern::mat_bytes(w.lm_head) + c.vocab * sizeof(float);
@@ -249,26 +261,44 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
   const bool show = need > (1ull << 30);
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t done = 0;
+  auto shown = t0;
   auto up = [&](const void* src, size_t bytes) -> void* {
     store_.emplace_back(bytes);
     ck(cudaMemcpy(store_.back().get(), src, bytes, cudaMemcpyHostToDevice), "weight upload");
     done += bytes;
-    if (show)
+    // A line at most every 0.25 s (a matrix at a time would print thousands).
+    const auto now = std::chrono::steady_clock::now();
+    if (show && now - shown > std::chrono::milliseconds(250)) {
+      shown = now;
       std::fprintf(stderr, "\ruploading weights to %s: %s / %s", p.name, gib(done).c_str(),
                    gib(need).c_str());
+    }
     return store_.back().get();
   };
   auto mat = [&](const kern::Mat& m) {
     cuda::DevMat d;
     if (!m.data) return d;
     if (m.lora)
-      throw Error("--device cuda: LoRA adapters (--lora) run on the CPU backend only so far (--device cpu)");
+      throw Error(
+          "--device cuda: LoRA adapters (--lora) run on the CPU backend only so far (--device "
+          "cpu)");
     if (m.col_scale)
-      throw Error("--device cuda: this model's CMF q8_2f matrices run on the CPU backend only so far (--device cpu, "
-                  "or convert it to GGUF with dory quantize)");
+      throw Error(
+          "--device cuda: this model's CMF q8_2f matrices run on the CPU backend only so far "
+          "(--device cpu, "
+          "or convert it to GGUF with dory quantize)");
     d.dtype = static_cast<int>(m.dtype);
     d.rows = m.rows;
     d.cols = m.cols;
+    if (m.dtype == DType::Q8_0 || m.dtype == DType::Q4_0) {
+      // Quants end to end, then the scales (kernels.h, DevMat), so 16-byte loads line up.
+      std::vector<uint8_t> packed(kern::mat_bytes(m));
+      cuda::repack_blocks(d.dtype, m.data, m.rows, m.cols, packed.data());
+      d.data = up(packed.data(), packed.size());
+      d.scales =
+          static_cast<const uint8_t*>(d.data) + m.rows * m.cols / (m.dtype == DType::Q8_0 ? 1 : 2);
+      return d;
+    }
     d.data = up(m.data, kern::mat_bytes(m));
     return d;
   };
@@ -302,6 +332,11 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  if (cuda::prof_on()) {
+    cuda::prof_flush();
+    std::fprintf(stderr, "\nDORY_CUDA_PROFILE: time between launches, by kernel\n%s",
+                 cuda::prof_report().c_str());
+  }
   drop_graphs();
   if (pinned_) cudaFreeHost(pinned_);
   store_.clear();
@@ -322,7 +357,13 @@ void CudaBackend::reserve(int64_t T) {
   for (auto* b : {&q_, &g_, &att_}) b->reserve(T * QW * f);
   for (auto* b : {&k_, &v_}) b->reserve(T * KW * f);
   for (auto* b : {&ffg_, &ffu_}) b->reserve(T * F * f);
-  act_.reserve(T * std::max({H, QW, F}) * f);
+  act_.reserve(T * std::max({H, QW, F}) * f + 256);
+  part_.reserve(std::max<int64_t>(
+                    1, cuda::attention_part_floats(static_cast<int>(T), static_cast<int>(c.n_head),
+                                                   static_cast<int>(c.head_dim))) *
+                f);
+  cnt_ = cuda::DevBuf(T * c.n_head * sizeof(int));
+  ck(cudaMemset(cnt_.get(), 0, cnt_.size()), "attention counters");
   idx_.reserve(T * sizeof(int64_t));
   cap_T_ = T;
 }
@@ -341,6 +382,8 @@ void CudaBackend::begin(const PassRows& r) {
   for (size_t i = 0; i < r.caches.size(); ++i) caches_[i] = static_cast<CudaCaches*>(r.caches[i]);
   reserve(T);
   // The previous pass's row tables may still be on their way: wait, then reuse them.
+  cuda::prof_flush();
+  cuda::prof_phase(T == 1 ? "decode" : "prefill");
   ck(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "pass start");
   pinned_used_ = 0;
   // The embedding rows are dequantized on the host (a row a token) and go up together.
@@ -353,7 +396,32 @@ void CudaBackend::begin(const PassRows& r) {
 }
 
 void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y) {
-  cuda::linear(w, x, T, y, act_for(w, bf16_input_), act_.f());
+  const cuda::Act a = act_for(w, bf16_input_);
+  const bool quant = a == cuda::Act::Block32 || a == cuda::Act::Block256;
+  cuda::linear(w, x, T, y, a, act_.get(), quant && act_src_ == x && act_kind_ == a);
+  if (quant) act_src_ = x, act_kind_ = a;
+  written(y);
+}
+
+cuda::QOut CudaBackend::quant_for(const cuda::DevMat* next, const float* buf, int T) {
+  const cuda::Act a = next ? act_for(*next, bf16_input_) : cuda::Act::Float;
+  if (a != cuda::Act::Block32 && a != cuda::Act::Block256) {
+    written(buf);
+    return {};
+  }
+  act_src_ = buf;
+  act_kind_ = a;
+  return cuda::act_layout(a, act_.get(), T, next->cols);
+}
+
+void CudaBackend::written(const float* buf) {
+  if (buf == act_src_) act_src_ = nullptr;
+}
+
+const cuda::DevMat* CudaBackend::first_reader(std::span<const Step> plan, size_t i) const {
+  if (i >= plan.size() || plan[i].op != Step::Op::Layer) return nullptr;
+  const Layer& L = layers_[plan[i].layer];
+  return L.kind == '-' ? &L.w_gate : &L.wq;
 }
 
 void CudaBackend::lin_multi(std::initializer_list<cuda::DevMat> ws,
@@ -365,10 +433,14 @@ void CudaBackend::lin_multi(std::initializer_list<cuda::DevMat> ws,
   for (size_t i = 0; i < w.size();) {
     size_t j = i + 1;
     while (j < w.size() && w[j].dtype == w[i].dtype && w[j].cols == w[i].cols) ++j;
-    cuda::linear_multi(w.data() + i, y.data() + i, static_cast<int>(j - i), x, T,
-                       act_for(w[i], bf16_input_), act_.f());
+    const cuda::Act a = act_for(w[i], bf16_input_);
+    const bool quant = a == cuda::Act::Block32 || a == cuda::Act::Block256;
+    cuda::linear_multi(w.data() + i, y.data() + i, static_cast<int>(j - i), x, T, a, act_.get(),
+                       quant && act_src_ == x && act_kind_ == a);
+    if (quant) act_src_ = x, act_kind_ = a;
     i = j;
   }
+  for (float* p : y) written(p);
 }
 
 // The host's part of an attention step, before any launch: each sequence's run of rows
@@ -393,30 +465,36 @@ int64_t CudaBackend::write_rows(const Layer& L, const Step& st) {
   return off;
 }
 
-void CudaBackend::attention_layer(const Layer& L, int64_t table) {
+void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::DevMat* next) {
   const DoryConfig& c = model_->config();
   const int T = static_cast<int>(T_);
   const int nh = static_cast<int>(c.n_head), nk = static_cast<int>(c.n_kv_head),
             hd = static_cast<int>(c.head_dim);
+  cuda::prof_label("attn q/k/v/g");
   lin_multi({L.wq, L.wk, L.wv, L.wg}, {q_.f(), k_.f(), v_.f(), g_.f()}, x_.f(), T);
   const cuda::AttnRow* dr = static_cast<const cuda::AttnRow*>(rows_.get()) + table;
   const int prof = L.rope_profile;
   const int rd = static_cast<int>(c.rotary_dims(prof));
   cuda::qk_prepare(q_.f(), k_.f(), v_.f(), L.q_scale, dr, T, nh, nk, hd, rd / 2,
                    prof == 1 ? c.rope_theta : c.rope_theta_2, rd);
-  cuda::attention(q_.f(), dr, T, nh, nk, hd, att_.f());
-  cuda::gate_norm(att_.f(), g_.f(), L.gate_scale, T, c.n_head * c.head_dim);
+  cuda::attention(q_.f(), dr, T, nh, nk, hd, att_.f(), part_.f(), static_cast<int*>(cnt_.get()));
+  cuda::gate_norm(att_.f(), g_.f(), L.gate_scale, T, c.n_head * c.head_dim,
+                  quant_for(&L.wo, att_.f(), T));
+  cuda::prof_label("attn o");
   lin(L.wo, att_.f(), T, out_.f());
-  cuda::ngpt_residual(x_.f(), out_.f(), L.alpha, T, c.hidden);
+  cuda::ngpt_residual(x_.f(), out_.f(), L.alpha, T, c.hidden, quant_for(next, x_.f(), T));
 }
 
-void CudaBackend::mlp_layer(const Layer& L) {
+void CudaBackend::mlp_layer(const Layer& L, const cuda::DevMat* next) {
   const DoryConfig& c = model_->config();
   const int T = static_cast<int>(T_);
+  cuda::prof_label("mlp gate/up");
   lin_multi({L.w_gate, L.w_up}, {ffg_.f(), ffu_.f()}, x_.f(), T);
-  cuda::swiglu_norm(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, T, c.ffn);
+  cuda::swiglu_norm(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, T, c.ffn,
+                    quant_for(&L.w_down, ffg_.f(), T));
+  cuda::prof_label("mlp down");
   lin(L.w_down, ffg_.f(), T, out_.f());
-  cuda::ngpt_residual(x_.f(), out_.f(), L.alpha, T, c.hidden);
+  cuda::ngpt_residual(x_.f(), out_.f(), L.alpha, T, c.hidden, quant_for(next, x_.f(), T));
 }
 
 void CudaBackend::steps(std::span<const Step> plan) {
@@ -487,29 +565,37 @@ void CudaBackend::launch(std::span<const Step> plan) {
   const int T = static_cast<int>(T_);
   const int64_t H = c.hidden;
   size_t a = 0;
-  for (const Step& st : plan) {
+  // Host-side bookkeeping of what the input scratch holds starts afresh with each launch
+  // sequence (a replayed graph does none of it).
+  act_src_ = nullptr;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const Step& st = plan[i];
+    const cuda::DevMat* next = first_reader(plan, i + 1);
     switch (st.op) {
       case Step::Op::Layer: {
         const Layer& L = layers_[st.layer];
         if (L.kind == '-')
-          mlp_layer(L);
+          mlp_layer(L, next);
         else
-          attention_layer(L, tables_[a++]);
+          attention_layer(L, tables_[a++], next);
         break;
       }
       case Step::Op::LoopBegin:
-        cuda::loop_begin(x_.f(), state_.f(), inp_.f(), T, H, st.loop == 0);
+        cuda::loop_begin(x_.f(), state_.f(), inp_.f(), T, H, st.loop == 0,
+                         quant_for(next, x_.f(), T));
         break;
-      case Step::Op::LoopEnd:
+      case Step::Op::LoopEnd:  // reads x_, writes state_
         cuda::loop_end(x_.f(), state_.f(), T, H);
         break;
       case Step::Op::OutputBegin:
+        written(x_.f());
         ck(cudaMemcpyAsync(x_.get(), state_.get(), T * H * sizeof(float), cudaMemcpyDeviceToDevice,
                            static_cast<cudaStream_t>(stream_)),
            "output begin");
         break;
     }
   }
+  act_src_ = nullptr;
 }
 
 void CudaBackend::drop_graphs() {
@@ -527,10 +613,13 @@ void CudaBackend::logits(std::span<const int64_t> rows, float* out) {
   ck(cudaMemcpyAsync(idx_.get(), rows.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice, st),
      "row index");
   cuda::gather_rows(x_.f(), static_cast<const int64_t*>(idx_.get()), n, H, out_.f());
+  written(out_.f());
+  cuda::prof_label("lm_head");
   lin(lm_head_, out_.f(), n, logits_.f());
   cuda::scale_cols(logits_.f(), logit_scale_, n, V);
   ck(cudaMemcpyAsync(out, logits_.get(), n * V * sizeof(float), cudaMemcpyDeviceToHost, st),
      "logits download");
+  cuda::prof_flush();
   ck(cudaStreamSynchronize(st), "logits");
 }
 

@@ -99,10 +99,16 @@ class CudaBackend final : public Backend {
  private:
   struct Layer;
   int64_t write_rows(const Layer& L, const Step& st);
-  void attention_layer(const Layer& L, int64_t table);
+  // `next`: the first matrix that reads x_ after this step (its input form is made at once).
+  void attention_layer(const Layer& L, int64_t table, const cuda::DevMat* next);
   void launch(std::span<const Step> plan);
   void drop_graphs();
-  void mlp_layer(const Layer& L);
+  void mlp_layer(const Layer& L, const cuda::DevMat* next);
+  const cuda::DevMat* first_reader(std::span<const Step> plan, size_t i) const;
+  // A row kernel writing `buf` also quantizes it for `next` when that takes int8 input.
+  cuda::QOut quant_for(const cuda::DevMat* next, const float* buf, int T);
+  // `buf` changed: the scratch no longer holds its int8 form.
+  void written(const float* buf);
   void reserve(int64_t T);
   // A product with its input taken as the CPU backend takes it (kernels.h: Act).
   void lin(const cuda::DevMat& w, const float* x, int T, float* y);
@@ -125,7 +131,11 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> seq_;
   std::vector<CudaCaches*> caches_;
   bool bf16_input_ = false;  // BF16 products round their input to bf16, as the CPU kernel set does
-  cuda::DevBuf x_, inp_, state_, q_, g_, att_, k_, v_, out_, ffg_, ffu_, logits_, rows_, idx_, act_;
+  cuda::DevBuf x_, inp_, state_, q_, g_, att_, k_, v_, out_, ffg_, ffu_, logits_, rows_, idx_, act_,
+      part_, cnt_;
+  // What act_ holds: the int8 form (act_kind_) of act_src_, or nothing usable (nullptr).
+  const float* act_src_ = nullptr;
+  cuda::Act act_kind_ = cuda::Act::Float;
   std::vector<float> host_;
   // The attention row tables of the pass in progress: written to pinned host memory, one
   // table per attention step, copied without stalling the stream (a copy from pageable memory

@@ -1,15 +1,22 @@
-// The CUDA backend's kernels (kernels.h). This first version is written to be right, in the
-// simplest form that is: a warp per weight row dequantizing each element as it goes (the
-// block layouts of tensor/quant.h, the same float expressions as the CPU's dequantization),
-// a block per row for the norms, a warp per (row, query head) for attention with an online
-// softmax. docs/cuda.md says what is still to be made fast.
+// The CUDA backend's kernels (kernels.h). Products: a warp per one to four weight rows with
+// 16-byte loads kept in flight (BF16/F16), int8 dot products (dp4a) of the quantized types
+// against the input quantized as the CPU's integer kernels quantize it; a block per row for
+// the norms; attention split over blocks for short batches, joined by a second kernel.
+// docs/cuda.md says what was measured and what is still to be made fast.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/kernels.h"
 #include "dory/error.h"
@@ -36,106 +43,6 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* s, int* sc, i
   } else {
     *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
     *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
-// Element i (< the block's size) of one block of type t at b.
-__device__ __forceinline__ float block_elem(int t, const uint8_t* b, int i) {
-  switch (t) {
-    case kQ8_0:
-      return h2f(b) * static_cast<float>(static_cast<int8_t>(b[2 + i]));
-    case kQ4_0: {
-      const uint8_t q = b[2 + (i & 15)];
-      const int v = (i < 16 ? (q & 0xF) : (q >> 4)) - 8;
-      return static_cast<float>(v) * h2f(b);
-    }
-    case kQ4_K:
-    case kQ5_K: {
-      const float d = h2f(b), dmin = h2f(b + 2);
-      const uint8_t* scales = b + 4;
-      const int jj = i / 64, within = i % 64, sub = 2 * jj + (within >= 32), l = within % 32;
-      int sc, m;
-      scale_min_k4(sub, scales, &sc, &m);
-      int q;
-      if (t == kQ4_K) {
-        const uint8_t qb = b[16 + 32 * jj + l];
-        q = within < 32 ? (qb & 0xF) : (qb >> 4);
-      } else {
-        const uint8_t* qh = b + 16;
-        const uint8_t qb = b[48 + 32 * jj + l];
-        q = (within < 32 ? (qb & 0xF) : (qb >> 4)) + (((qh[l] >> sub) & 1) ? 16 : 0);
-      }
-      const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-      return d1 * static_cast<float>(q) - m1;
-    }
-    case kQ6_K: {
-      const uint8_t* ql = b;
-      const uint8_t* qh = b + 128;
-      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-      const float d = h2f(b + 208);
-      const int n = i / 128, r = i % 128, quarter = r / 32, l = r % 32, is = l / 16;
-      const uint8_t* L = ql + 64 * n;
-      const uint8_t H = qh[32 * n + l];
-      int q;
-      switch (quarter) {
-        case 0:
-          q = (L[l] & 0xF) | (((H >> 0) & 3) << 4);
-          break;
-        case 1:
-          q = (L[l + 32] & 0xF) | (((H >> 2) & 3) << 4);
-          break;
-        case 2:
-          q = (L[l] >> 4) | (((H >> 4) & 3) << 4);
-          break;
-        default:
-          q = (L[l + 32] >> 4) | (((H >> 6) & 3) << 4);
-          break;
-      }
-      return d * static_cast<float>(sc[8 * n + is + 2 * quarter]) * static_cast<float>(q - 32);
-    }
-  }
-  return 0.0f;
-}
-
-// Element k of a row of type t.
-__device__ __forceinline__ float row_elem(int t, const uint8_t* row, int64_t k) {
-  switch (t) {
-    case kF32:
-      return reinterpret_cast<const float*>(row)[k];
-    case kF16:
-      return __half2float(reinterpret_cast<const __half*>(row)[k]);
-    case kBF16:
-      return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[k]);
-    case kQ8_0:
-      return block_elem(t, row + (k / 32) * 34, static_cast<int>(k % 32));
-    case kQ4_0:
-      return block_elem(t, row + (k / 32) * 18, static_cast<int>(k % 32));
-    case kQ4_K:
-      return block_elem(t, row + (k / 256) * 144, static_cast<int>(k % 256));
-    case kQ5_K:
-      return block_elem(t, row + (k / 256) * 176, static_cast<int>(k % 256));
-    default:
-      return block_elem(t, row + (k / 256) * 210, static_cast<int>(k % 256));
-  }
-}
-
-__host__ __device__ inline int64_t row_bytes(int t, int64_t cols) {
-  switch (t) {
-    case kF32:
-      return cols * 4;
-    case kF16:
-    case kBF16:
-      return cols * 2;
-    case kQ8_0:
-      return cols / 32 * 34;
-    case kQ4_0:
-      return cols / 32 * 18;
-    case kQ4_K:
-      return cols / 256 * 144;
-    case kQ5_K:
-      return cols / 256 * 176;
-    default:
-      return cols / 256 * 210;
   }
 }
 
@@ -168,147 +75,615 @@ __device__ double block_sum_d(double v) {
   return r;
 }
 
-constexpr int kRowsPerBlock = 8;  // warps per block in linear: one weight row each
-constexpr int kMaxT = 8;          // input rows one linear launch handles
+// Programmatic dependent launch (sm_90): every kernel is launched so that it may start while
+// the one before it finishes. pdl_wait() returns once that one has completed and its writes
+// are visible (so, by induction, every earlier kernel's), and comes before any read of what
+// earlier kernels wrote and before any write; pdl_launch() lets the next kernel's blocks start
+// now, so a product can issue its first weight loads (weights are never written) before its
+// wait, over the tail of the kernel before. No-ops on sm_80 and when launched plainly.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// The CPU's quantize_block on B floats by one warp (d = max|x| / 127, q = round to nearest
+// even of x / d): int8 quants to q, the scale to *d.
+__device__ __forceinline__ void warp_quant_block(const float* xb, int B, int8_t* q, float* d) {
+  const int lane = threadIdx.x % 32;
+  float amax = 0.0f;
+  for (int j = lane; j < B; j += 32) amax = fmaxf(amax, fabsf(xb[j]));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float dd = amax / 127.0f;
+  const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+  for (int j = lane; j < B; j += 32) {
+    int v = __float2int_rn(xb[j] * id);
+    v = v > 127 ? 127 : v < -127 ? -127 : v;
+    q[j] = static_cast<int8_t>(v);
+  }
+  if (lane == 0) *d = dd;
+}
+
+// A row-kernel's epilogue: the block's finished row t (n floats) quantized for the product
+// that reads it next (kernels.h, QOut), a warp per block of B.
+__device__ void block_quant_row(const float* row, int64_t n, const QOut& qo, int64_t t) {
+  if (qo.B == 0) return;
+  __syncthreads();  // the row's values, written by the whole block, are visible to it
+  const int64_t nb = n / qo.B;
+  for (int64_t b = threadIdx.x / 32; b < nb; b += blockDim.x / 32)
+    warp_quant_block(row + b * qo.B, qo.B, qo.q + t * n + b * qo.B, qo.d + t * nb + b);
+}
+
+// ---- products ----
+//
+// A warp computes R weight rows against NT input rows: lanes stride the columns with 16-byte
+// loads, U of them issued for each row before the first is used, so a warp keeps U x R x 512
+// bytes in flight; each input load serves R rows. R is chosen per launch from the row count so
+// that every SM gets several blocks (pick_rows). Blocks of kWarps warps.
+constexpr int kWarps = 4;
+constexpr int kMaxT = 8;  // input rows one product launch handles (grid.y covers more)
+// 16-byte loads a lane issues per row before using the first, for the int8 types: 8 in all
+// (fewer for several input rows, whose registers they share). Measured on an H100 (Q8_0, one
+// row a warp): 8 loads 1397 GB/s on the 4B shape's down product against 1333 with 2. BF16
+// keeps 2 a row at R = 4 and 4 below: 8 at R = 1 lost 8% there (1759 against 1903 GB/s).
+template <int R, int NT>
+constexpr int kU = NT > 1   ? 2
+                   : R >= 4 ? 2
+                   : R == 2 ? 4
+                            : 8;
+template <int R>
+constexpr int kUHalf = R >= 4 ? 2 : 4;
 
 // Up to four matrices of one type and width that read the same input (q, k, v, g; gate, up):
-// their rows laid end to end, a warp a row, so one launch serves them all.
+// their row groups laid end to end, a warp a group, so one launch serves them all.
 struct LinJob {
   int t = 0, n = 0;
   int64_t cols = 0;
   const uint8_t* w[4] = {};
+  const uint8_t* sc[4] = {};
   float* y[4] = {};
   int64_t rows[4] = {};
-  int64_t end[4] = {};  // running row totals
+  int64_t wend[4] = {};  // running totals of warps (groups of R rows)
 };
 
-__global__ void k_linear(LinJob job, const float* x, int T) {
-  const int64_t g = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+// Which matrix, first row and row count the warp gw takes; false past the last.
+__device__ __forceinline__ bool job_rows(const LinJob& job, int R, int64_t gw, int* m, int64_t* r0,
+                                         int* nr) {
+  if (gw >= job.wend[job.n - 1]) return false;
+  int i = 0;
+  while (gw >= job.wend[i]) ++i;
+  *m = i;
+  *r0 = (gw - (i ? job.wend[i - 1] : 0)) * R;
+  *nr = static_cast<int>(min(static_cast<int64_t>(R), job.rows[i] - *r0));
+  return true;
+}
+
+__device__ __forceinline__ float round_bf16(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+// 8 weights of a 16-byte load of BF16 or F16.
+template <int DT>
+__device__ __forceinline__ void unpack8(const uint4 raw, float* wv) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (DT == kBF16) {
+      wv[2 * e] = __uint_as_float(words[e] << 16);
+      wv[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
+    } else {
+      const __half2 h = *reinterpret_cast<const __half2*>(&words[e]);
+      const float2 f = __half22float2(h);
+      wv[2 * e] = f.x;
+      wv[2 * e + 1] = f.y;
+    }
+  }
+}
+
+// BF16 / F16 rows (cols a multiple of 8), float input, rounded to bf16 on load when round_x.
+template <int DT, int R, int NT>
+__global__ void __launch_bounds__(32 * kWarps)
+    k_lin_half(LinJob job, const float* __restrict__ x, int T, bool round_x) {
   const int lane = threadIdx.x % 32;
-  const int t0 = blockIdx.y * kMaxT;
-  const int nt = min(kMaxT, T - t0);
-  if (g >= job.end[job.n - 1]) return;
-  int m = 0;
-  while (g >= job.end[m]) ++m;
-  const int64_t r = g - (m ? job.end[m - 1] : 0), rows = job.rows[m], cols = job.cols;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  int m, nr;
+  int64_t r0;
+  if (!job_rows(job, R, gw, &m, &r0, &nr)) return;
+  const int t0 = blockIdx.y * NT, nt = min(NT, T - t0);
+  const int64_t cols = job.cols;
+  const uint8_t* base = job.w[m] + r0 * cols * 2;
+  float acc[R][NT];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[rr][j] = 0.0f;
+  constexpr int U = kUHalf<R>;
+  uint4 raw[U][R];
+  auto load = [&](int64_t k0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        const int64_t k = k0 + 256 * u;
+        raw[u][rr] = k < cols && rr < nr
+                         ? __ldcs(reinterpret_cast<const uint4*>(base + (rr * cols + k) * 2))
+                         : make_uint4(0, 0, 0, 0);
+      }
+  };
+  load(lane * 8);
+  pdl_launch();
+  pdl_wait();
+  for (int64_t k0 = lane * 8; k0 < cols; k0 += 256 * U) {
+    if (k0 != lane * 8) load(k0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = k0 + 256 * u;
+      if (k >= cols) break;
+      float xv[NT][8];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        if (j < nt) {
+          const float4* xp =
+              reinterpret_cast<const float4*>(x + static_cast<int64_t>(t0 + j) * cols + k);
+          const float4 a = xp[0], b = xp[1];
+          xv[j][0] = a.x, xv[j][1] = a.y, xv[j][2] = a.z, xv[j][3] = a.w;
+          xv[j][4] = b.x, xv[j][5] = b.y, xv[j][6] = b.z, xv[j][7] = b.w;
+          if (round_x)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) xv[j][e] = round_bf16(xv[j][e]);
+        }
+      }
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        float wv[8];
+        unpack8<DT>(raw[u][rr], wv);
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          if (j < nt) {
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s += wv[e] * xv[j][e];
+            acc[rr][j] += s;
+          }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float s = warp_sum(acc[rr][j]);
+      if (lane == 0 && rr < nr && j < nt)
+        job.y[m][static_cast<int64_t>(t0 + j) * job.rows[m] + r0 + rr] = s;
+    }
+}
+
+// Any float type, any width: a warp a row, element by element (F32, and F16/BF16 rows whose
+// width is not a multiple of 8).
+__global__ void k_lin_generic(LinJob job, const float* x, int T) {
+  const int lane = threadIdx.x % 32;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  int m, nr;
+  int64_t r;
+  if (!job_rows(job, 1, gw, &m, &r, &nr)) return;
+  const int t0 = blockIdx.y * kMaxT, nt = min(kMaxT, T - t0);
+  const int64_t cols = job.cols;
   const int t = job.t;
-  float* y = job.y[m];
-  const uint8_t* row = job.w[m] + r * row_bytes(t, cols);
+  const uint8_t* row = job.w[m] + r * cols * (t == kF32 ? 4 : 2);
+  pdl_launch();
+  pdl_wait();
   float acc[kMaxT];
 #pragma unroll
   for (int j = 0; j < kMaxT; ++j) acc[j] = 0.0f;
-  if (t == kBF16 && cols % 256 == 0) {
-    // 16-byte loads: 8 weights a lane, 512 contiguous bytes a warp; four such loads issued
-    // before the first is used, so a warp has 2 KiB in flight.
-    constexpr int U = 4;
-    for (int64_t k0 = lane * 8; k0 < cols; k0 += 256 * U) {
-      uint4 raw[U];
+  for (int64_t k = lane; k < cols; k += 32) {
+    const float wk = t == kF32   ? reinterpret_cast<const float*>(row)[k]
+                     : t == kF16 ? __half2float(reinterpret_cast<const __half*>(row)[k])
+                                 : __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[k]);
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t k = k0 + 256 * u;
-        raw[u] =
-            k < cols ? __ldcs(reinterpret_cast<const uint4*>(row + k * 2)) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t k = k0 + 256 * u;
-        if (k >= cols) break;
-        const uint32_t words[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
-        float wv[8];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          wv[2 * e] = __uint_as_float(words[e] << 16);
-          wv[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
-        }
-#pragma unroll
-        for (int j = 0; j < kMaxT; ++j)
-          if (j < nt) {
-            const float4* xp =
-                reinterpret_cast<const float4*>(x + static_cast<int64_t>(t0 + j) * cols + k);
-            const float4 a = xp[0], b = xp[1];
-            acc[j] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x +
-                      wv[5] * b.y + wv[6] * b.z + wv[7] * b.w;
-          }
-      }
-    }
-  } else if (t == kQ8_0 || t == kQ4_0) {
-    // A block of 32 a lane, read as 2-byte words (the blocks are 34 and 18 bytes: 2-aligned).
-    const int bb = t == kQ8_0 ? 34 : 18;
-    for (int64_t b = lane; b < cols / 32; b += 32) {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(row + b * bb);
-      const float d = __half2float(__ushort_as_half(p[0]));
-      float wv[32];
-      if (t == kQ8_0) {
-#pragma unroll
-        for (int e = 0; e < 16; ++e) {
-          const uint16_t u = p[1 + e];
-          wv[2 * e] = static_cast<float>(static_cast<int8_t>(u & 0xff)) * d;
-          wv[2 * e + 1] = static_cast<float>(static_cast<int8_t>(u >> 8)) * d;
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const uint16_t u = p[1 + e];
-          wv[2 * e] = static_cast<float>(static_cast<int>(u & 0xf) - 8) * d;
-          wv[2 * e + 1] = static_cast<float>(static_cast<int>((u >> 8) & 0xf) - 8) * d;
-          wv[16 + 2 * e] = static_cast<float>(static_cast<int>((u >> 4) & 0xf) - 8) * d;
-          wv[16 + 2 * e + 1] = static_cast<float>(static_cast<int>(u >> 12) - 8) * d;
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kMaxT; ++j)
-        if (j < nt) {
-          const float4* xp =
-              reinterpret_cast<const float4*>(x + static_cast<int64_t>(t0 + j) * cols + b * 32);
-          float s = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float4 a = xp[e];
-            s += wv[4 * e] * a.x + wv[4 * e + 1] * a.y + wv[4 * e + 2] * a.z + wv[4 * e + 3] * a.w;
-          }
-          acc[j] += s;
-        }
-    }
-  } else {
-    for (int64_t k = lane; k < cols; k += 32) {
-      const float wk = row_elem(t, row, k);
-#pragma unroll
-      for (int j = 0; j < kMaxT; ++j)
-        if (j < nt) acc[j] += wk * x[static_cast<int64_t>(t0 + j) * cols + k];
-    }
+    for (int j = 0; j < kMaxT; ++j)
+      if (j < nt) acc[j] += wk * x[static_cast<int64_t>(t0 + j) * cols + k];
   }
 #pragma unroll
   for (int j = 0; j < kMaxT; ++j) {
     const float s = warp_sum(acc[j]);
-    if (lane == 0 && j < nt) y[static_cast<int64_t>(t0 + j) * rows + r] = s;
+    if (lane == 0 && j < nt) job.y[m][static_cast<int64_t>(t0 + j) * job.rows[m] + r] = s;
   }
 }
 
-// One warp per block of B inputs (rows of n): the CPU's quantize_block, its result as q * d.
-__global__ void k_quant_act(const float* x, int64_t n, int64_t blocks, int B, float* out) {
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+__device__ __forceinline__ int dot4(int a, int b, int c) {
+  return __dp4a(a, b, c);
+}
+
+// Repacked Q8_0 (DevMat): a lane takes 16 quants (half a block) of each of R rows and the
+// input's 16 int8 values, four dp4a each; the block's two halves are scaled apart.
+template <int R, int NT>
+__global__ void __launch_bounds__(32 * kWarps)
+    k_lin_q8_0(LinJob job, const int8_t* __restrict__ xq, const float* __restrict__ xd, int T) {
   const int lane = threadIdx.x % 32;
-  if (b >= blocks) return;
-  const float* xb = x + b * B;  // rows are whole blocks, so block b of the flat array
-  float amax = 0.0f;
-  for (int j = lane; j < B; j += 32) amax = fmaxf(amax, fabsf(xb[j]));
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  for (int j = lane; j < B; j += 32) {
-    int v = __float2int_rn(xb[j] * id);
-    v = v > 127 ? 127 : v < -127 ? -127 : v;
-    out[b * B + j] = static_cast<float>(v) * d;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  int m, nr;
+  int64_t r0;
+  if (!job_rows(job, R, gw, &m, &r0, &nr)) return;
+  const int t0 = blockIdx.y * NT, nt = min(NT, T - t0);
+  const int64_t cols = job.cols, nb = cols / 32;
+  const uint8_t* qs = job.w[m] + r0 * cols;
+  const __half* sc = reinterpret_cast<const __half*>(job.sc[m]) + r0 * nb;
+  float acc[R][NT];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[rr][j] = 0.0f;
+  constexpr int U = kU<R, NT>;
+  int4 raw[U][R];
+  float dw[U][R];
+  auto load = [&](int64_t k0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        const int64_t k = k0 + 512 * u;
+        const bool ok = k < cols && rr < nr;
+        raw[u][rr] =
+            ok ? __ldcs(reinterpret_cast<const int4*>(qs + rr * cols + k)) : make_int4(0, 0, 0, 0);
+        dw[u][rr] = ok ? __half2float(sc[rr * nb + k / 32]) : 0.0f;
+      }
+  };
+  load(lane * 16);
+  pdl_launch();
+  pdl_wait();
+  for (int64_t k0 = lane * 16; k0 < cols; k0 += 512 * U) {
+    if (k0 != lane * 16) load(k0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = k0 + 512 * u;
+      if (k >= cols) break;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        if (j >= nt) break;
+        const int64_t t = t0 + j;
+        const int4 a = *reinterpret_cast<const int4*>(xq + t * cols + k);
+        const float d = xd[t * nb + k / 32];
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+          const int4 w = raw[u][rr];
+          const int s = dot4(w.w, a.w, dot4(w.z, a.z, dot4(w.y, a.y, dot4(w.x, a.x, 0))));
+          acc[rr][j] += static_cast<float>(s) * (dw[u][rr] * d);
+        }
+      }
+    }
   }
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float s = warp_sum(acc[rr][j]);
+      if (lane == 0 && rr < nr && j < nt)
+        job.y[m][static_cast<int64_t>(t0 + j) * job.rows[m] + r0 + rr] = s;
+    }
+}
+
+// Repacked Q4_0: a lane takes a block (16 bytes: quant i in the low nibble of byte i, quant
+// i + 16 in the high one) of each of R rows: dp4a of the nibbles with the input's 32 int8
+// values, less 8 x their sum.
+template <int R, int NT>
+__global__ void __launch_bounds__(32 * kWarps)
+    k_lin_q4_0(LinJob job, const int8_t* __restrict__ xq, const float* __restrict__ xd, int T) {
+  const int lane = threadIdx.x % 32;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  int m, nr;
+  int64_t r0;
+  if (!job_rows(job, R, gw, &m, &r0, &nr)) return;
+  const int t0 = blockIdx.y * NT, nt = min(NT, T - t0);
+  const int64_t cols = job.cols, nb = cols / 32;
+  const uint8_t* qs = job.w[m] + r0 * (cols / 2);
+  const __half* sc = reinterpret_cast<const __half*>(job.sc[m]) + r0 * nb;
+  float acc[R][NT];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[rr][j] = 0.0f;
+  constexpr int U = kU<R, NT>;
+  int4 raw[U][R];
+  float dw[U][R];
+  auto load = [&](int64_t b0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        const int64_t b = b0 + 32 * u;
+        const bool ok = b < nb && rr < nr;
+        raw[u][rr] = ok ? __ldcs(reinterpret_cast<const int4*>(qs + rr * (cols / 2) + b * 16))
+                        : make_int4(0, 0, 0, 0);
+        dw[u][rr] = ok ? __half2float(sc[rr * nb + b]) : 0.0f;
+      }
+  };
+  load(lane);
+  pdl_launch();
+  pdl_wait();
+  for (int64_t b0 = lane; b0 < nb; b0 += 32 * U) {
+    if (b0 != lane) load(b0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t b = b0 + 32 * u;
+      if (b >= nb) break;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        if (j >= nt) break;
+        const int64_t t = t0 + j;
+        const int4* xp = reinterpret_cast<const int4*>(xq + t * cols + b * 32);
+        const int4 a = xp[0], c = xp[1];
+        const float d = xd[t * nb + b];
+        const int ones = 0x01010101;
+        const int xs = dot4(
+            ones, a.x,
+            dot4(
+                ones, a.y,
+                dot4(ones, a.z,
+                     dot4(ones, a.w,
+                          dot4(ones, c.x, dot4(ones, c.y, dot4(ones, c.z, dot4(ones, c.w, 0))))))));
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+          const int4 w = raw[u][rr];
+          const int lo = 0x0F0F0F0F;
+          int s = dot4(w.x & lo, a.x, 0);
+          s = dot4(w.y & lo, a.y, s);
+          s = dot4(w.z & lo, a.z, s);
+          s = dot4(w.w & lo, a.w, s);
+          s = dot4((w.x >> 4) & lo, c.x, s);
+          s = dot4((w.y >> 4) & lo, c.y, s);
+          s = dot4((w.z >> 4) & lo, c.z, s);
+          s = dot4((w.w >> 4) & lo, c.w, s);
+          acc[rr][j] += static_cast<float>(s - 8 * xs) * (dw[u][rr] * d);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float s = warp_sum(acc[rr][j]);
+      if (lane == 0 && rr < nr && j < nt)
+        job.y[m][static_cast<int64_t>(t0 + j) * job.rows[m] + r0 + rr] = s;
+    }
+}
+
+__device__ __forceinline__ uint32_t ld_u32_2(const uint8_t* p) {  // 2-byte aligned
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+  return static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16);
+}
+
+// The K types, in the file's layout: lane l takes quants 8l..8l+7 of a 256-quant super-block
+// (they share one sub-block scale), as two words of int8 values, with the sub-block's scale
+// and min as floats (d * sc, dmin * m; Q6_K has no min and its quants are q - 32).
+template <int DT>
+__device__ __forceinline__ void kq_lane(const uint8_t* b, int lane, int* w0, int* w1, float* s,
+                                        float* mn) {
+  if (DT == kQ6_K) {
+    const int n = lane / 16, quarter = (lane % 16) / 4, l0 = (lane % 4) * 8;
+    const uint8_t* L = b + 64 * n + l0 + (quarter & 1) * 32;
+    const uint8_t* H = b + 128 + 32 * n + l0;
+    const uint32_t la = ld_u32_2(L), lb = ld_u32_2(L + 4);
+    const uint32_t ha = ld_u32_2(H), hb = ld_u32_2(H + 4);
+    const int shift_l = (quarter >> 1) * 4, shift_h = 2 * quarter;
+    const uint32_t qa = ((la >> shift_l) & 0x0F0F0F0Fu) | (((ha >> shift_h) & 0x03030303u) << 4);
+    const uint32_t qb = ((lb >> shift_l) & 0x0F0F0F0Fu) | (((hb >> shift_h) & 0x03030303u) << 4);
+    *w0 = __vsub4(static_cast<int>(qa), 0x20202020);
+    *w1 = __vsub4(static_cast<int>(qb), 0x20202020);
+    const int8_t sc = static_cast<int8_t>(b[192 + 8 * n + (lane % 4) / 2 + 2 * quarter]);
+    *s = __half2float(__ushort_as_half(static_cast<uint16_t>(b[208] | (b[209] << 8)))) *
+         static_cast<float>(sc);
+    *mn = 0.0f;
+    return;
+  }
+  const int j = lane / 4, part = lane % 4, jj = j / 2;
+  const uint8_t* q = b + (DT == kQ4_K ? 16 : 48) + 32 * jj + part * 8;
+  const uint2 raw = *reinterpret_cast<const uint2*>(q);
+  const int shift = (j & 1) * 4;
+  uint32_t qa = (raw.x >> shift) & 0x0F0F0F0Fu, qb = (raw.y >> shift) & 0x0F0F0F0Fu;
+  if (DT == kQ5_K) {
+    const uint2 h = *reinterpret_cast<const uint2*>(b + 16 + part * 8);
+    qa |= ((h.x >> j) & 0x01010101u) << 4;
+    qb |= ((h.y >> j) & 0x01010101u) << 4;
+  }
+  *w0 = static_cast<int>(qa);
+  *w1 = static_cast<int>(qb);
+  int sc, mi;
+  scale_min_k4(j, b + 4, &sc, &mi);
+  *s = h2f(b) * static_cast<float>(sc);
+  *mn = h2f(b + 2) * static_cast<float>(mi);
+}
+
+template <int DT>
+__host__ __device__ constexpr int kq_bytes() {
+  return DT == kQ4_K ? 144 : DT == kQ5_K ? 176 : 210;
+}
+
+// A warp per R rows of a K type against int8 inputs quantized per 256.
+template <int DT, int R, int NT>
+__global__ void __launch_bounds__(32 * kWarps)
+    k_lin_kq(LinJob job, const int8_t* __restrict__ xq, const float* __restrict__ xd, int T) {
+  const int lane = threadIdx.x % 32;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  int m, nr;
+  int64_t r0;
+  if (!job_rows(job, R, gw, &m, &r0, &nr)) return;
+  const int t0 = blockIdx.y * NT, nt = min(NT, T - t0);
+  const int64_t cols = job.cols, nsb = cols / 256, rb = nsb * kq_bytes<DT>();
+  const uint8_t* base = job.w[m] + r0 * rb;
+  float acc[R][NT];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[rr][j] = 0.0f;
+  // U super-blocks of each of R rows a step. U = 1: 2 (R = 4) cut the 4B shape's gate/up
+  // product from 749 to 455 GB/s on an H100 (registers, so fewer warps in flight).
+  constexpr int U = 1;
+  int w0[U][R], w1[U][R];
+  float s[U][R], mn[U][R];
+  auto load = [&](int64_t sb0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        if (rr < nr && sb0 + u < nsb) {
+          kq_lane<DT>(base + rr * rb + (sb0 + u) * kq_bytes<DT>(), lane, &w0[u][rr], &w1[u][rr],
+                      &s[u][rr], &mn[u][rr]);
+        } else {
+          w0[u][rr] = w1[u][rr] = 0;
+          s[u][rr] = mn[u][rr] = 0.0f;
+        }
+      }
+  };
+  load(0);
+  pdl_launch();
+  pdl_wait();
+  for (int64_t sb0 = 0; sb0 < nsb; sb0 += U) {
+    if (sb0) load(sb0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t sb = sb0 + u;
+      if (sb >= nsb) break;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        if (j >= nt) break;
+        const int64_t t = t0 + j;
+        const int2 a = *reinterpret_cast<const int2*>(xq + t * cols + sb * 256 + lane * 8);
+        const float d = xd[t * nsb + sb];
+        const int xs = DT == kQ6_K ? 0 : dot4(0x01010101, a.x, dot4(0x01010101, a.y, 0));
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+          const int isum = dot4(w1[u][rr], a.y, dot4(w0[u][rr], a.x, 0));
+          acc[rr][j] +=
+              d * (s[u][rr] * static_cast<float>(isum) - mn[u][rr] * static_cast<float>(xs));
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float v = warp_sum(acc[rr][j]);
+      if (lane == 0 && rr < nr && j < nt)
+        job.y[m][static_cast<int64_t>(t0 + j) * job.rows[m] + r0 + rr] = v;
+    }
+}
+
+// ---- prefill products on tensor cores ----
+//
+// BF16 weights against inputs rounded to bf16 (exactly the products the CPU's AVX512_BF16
+// kernels form), float accumulation: a block computes a 64 (input rows) x 128 (weight rows)
+// tile of Y with 8 warps of 2 x 2 WMMA 16x16x16 tiles, stepping 32 columns at a time through
+// shared memory (inputs converted to bf16 on the way in). Row tiles never straddle two
+// matrices of a job (tile counts per matrix in job.wend).
+constexpr int kTcM = 64, kTcN = 128, kTcK = 32, kTcPad = 8;
+
+__global__ void __launch_bounds__(256) k_lin_tc(LinJob job, const float* __restrict__ x, int T) {
+  using namespace nvcuda;
+  struct Tiles {
+    __nv_bfloat16 a[kTcM][kTcK + kTcPad];
+    __nv_bfloat16 b[kTcN][kTcK + kTcPad];
+  };
+  union Smem {
+    Tiles t;
+    float c[kTcM][kTcN + 4];
+  };
+  __shared__ __align__(32) Smem sm;
+  pdl_launch();
+  pdl_wait();
+  const int64_t tile = blockIdx.x;
+  int m = 0;
+  while (tile >= job.wend[m]) ++m;
+  const int64_t r0 = (tile - (m ? job.wend[m - 1] : 0)) * kTcN, rows = job.rows[m];
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTcM, cols = job.cols;
+  const __nv_bfloat16* W = reinterpret_cast<const __nv_bfloat16*>(job.w[m]);
+  const int tid = threadIdx.x, warp = tid / 32, wm = warp / 4, wn = warp % 4;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+  for (int64_t k0 = 0; k0 < cols; k0 += kTcK) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // inputs: 64 rows x 8 float4
+      const int idx = tid + i * 256, mm = idx / 8, c4 = idx % 8;
+      float4 v = make_float4(0, 0, 0, 0);
+      if (t0 + mm < T) v = *reinterpret_cast<const float4*>(x + (t0 + mm) * cols + k0 + c4 * 4);
+      __nv_bfloat16* d = &sm.t.a[mm][c4 * 4];
+      d[0] = __float2bfloat16_rn(v.x);
+      d[1] = __float2bfloat16_rn(v.y);
+      d[2] = __float2bfloat16_rn(v.z);
+      d[3] = __float2bfloat16_rn(v.w);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // weights: 128 rows x 4 uint4
+      const int idx = tid + i * 256, n = idx / 4, c = idx % 4;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r0 + n < rows)
+        v = __ldcs(reinterpret_cast<const uint4*>(W + (r0 + n) * cols + k0 + c * 8));
+      *reinterpret_cast<uint4*>(&sm.t.b[n][c * 8]) = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTcK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        wmma::load_matrix_sync(fa[i], &sm.t.a[wm * 32 + i * 16][kk], kTcK + kTcPad);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        wmma::load_matrix_sync(fb[j], &sm.t.b[wn * 32 + j * 16][kk], kTcK + kTcPad);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(&sm.c[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], kTcN + 4,
+                              wmma::mem_row_major);
+  __syncthreads();
+  float* y = job.y[m];
+  for (int idx = tid; idx < kTcM * kTcN; idx += 256) {
+    const int mm = idx / kTcN, n = idx % kTcN;
+    if (t0 + mm < T && r0 + n < rows) y[(t0 + mm) * rows + r0 + n] = sm.c[mm][n];
+  }
+}
+
+// One warp per block of B inputs: the CPU's quantize_block (d = max|x| / 127, q = round to
+// nearest even of x / d), int8 quants and the float scale.
+__global__ void k_quant_act(const float* x, int64_t blocks, int B, int8_t* q, float* d) {
+  pdl_launch();
+  pdl_wait();
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (b >= blocks) return;
+  // Rows are whole blocks, so block b of the flat array.
+  warp_quant_block(x + b * B, B, q + b * B, d + b);
 }
 
 __global__ void k_round_bf16(const float* x, int64_t total, float* out) {
+  pdl_launch();
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+    out[i] = round_bf16(x[i]);
 }
 
 __global__ void k_normalize_rows(float* x, int64_t n) {
+  pdl_launch();
+  pdl_wait();
   float* row = x + static_cast<int64_t>(blockIdx.x) * n;
   double ss = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += static_cast<double>(row[i]) * row[i];
@@ -316,7 +691,9 @@ __global__ void k_normalize_rows(float* x, int64_t n) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) row[i] *= inv;
 }
 
-__global__ void k_ngpt_residual(float* x, const float* y, const float* a, int64_t n) {
+__global__ void k_ngpt_residual(float* x, const float* y, const float* a, int64_t n, QOut qo) {
+  pdl_launch();
+  pdl_wait();
   float* xr = x + static_cast<int64_t>(blockIdx.x) * n;
   const float* yr = y + static_cast<int64_t>(blockIdx.x) * n;
   double sx = 0, sy = 0;
@@ -335,9 +712,12 @@ __global__ void k_ngpt_residual(float* x, const float* y, const float* a, int64_
   }
   const float inv = static_cast<float>(1.0 / sqrt(block_sum_d(s) + 1e-6));
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] *= inv;
+  block_quant_row(xr, n, qo, blockIdx.x);
 }
 
-__global__ void k_loop_begin(float* x, float* state, float* inp, int64_t n, bool first) {
+__global__ void k_loop_begin(float* x, float* state, float* inp, int64_t n, bool first, QOut qo) {
+  pdl_launch();
+  pdl_wait();
   const int64_t o = static_cast<int64_t>(blockIdx.x) * n;
   double ss = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -348,9 +728,12 @@ __global__ void k_loop_begin(float* x, float* state, float* inp, int64_t n, bool
   }
   const float inv = static_cast<float>(1.0 / sqrt(block_sum_d(ss) + 1e-6));
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) x[o + i] *= inv;
+  block_quant_row(x + o, n, qo, blockIdx.x);
 }
 
 __global__ void k_loop_end(const float* x, float* state, int64_t n) {
+  pdl_launch();
+  pdl_wait();
   const int64_t o = static_cast<int64_t>(blockIdx.x) * n;
   double ss = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
@@ -370,6 +753,8 @@ __global__ void k_qk_prepare(float* q, float* k, const float* v, const float* q_
   const int head = is_q ? h : h - nh;
   float* src = is_q ? q + (static_cast<int64_t>(t) * nh + head) * hd
                     : k + (static_cast<int64_t>(t) * nk + head) * hd;
+  pdl_launch();
+  pdl_wait();
   const AttnRow r = rows[t];
   if (j < hd) buf[j] = src[j];
   __syncthreads();
@@ -401,14 +786,27 @@ __global__ void k_qk_prepare(float* q, float* k, const float* v, const float* q_
 }
 
 constexpr int kMaxDimsPerLane = 16;  // hd <= 512
+constexpr int kAttWarps = 4;         // warps per attention block
 
-// One warp per (row, query head): online softmax over the cache rows [lo, pos].
-__global__ void k_attention(const float* q, const AttnRow* rows, int nh, int nk, int hd,
-                            float* out) {
-  const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+// Block (row t, query head h, split s): its warps take the split's positions in turn, two at
+// a time (two independent dot products in flight), each keeping an online softmax (m, l, acc);
+// the block joins its warps in shared memory, then either writes the row's output (one split)
+// or its partial (m, l, unnormalised acc); the last of a row's S blocks to finish (a counter
+// per (row, head), left at zero again) joins the partials.
+__global__ void __launch_bounds__(32 * kAttWarps)
+    k_attention(const float* q, const AttnRow* rows, int nh, int nk, int hd, int S, float* out,
+                float* part, int* counters) {
+  extern __shared__ float sm[];  // kAttWarps x hd accumulators, then m and l per warp
+  __shared__ bool last;
+  pdl_launch();
+  pdl_wait();
+  const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+  const int lane = threadIdx.x % 32, wi = threadIdx.x / 32;
   const AttnRow r = rows[t];
   const int kvh = h / (nh / nk), nd = (hd + 31) / 32;
   const int64_t w = static_cast<int64_t>(nk) * hd;
+  const int64_t n = r.pos - r.lo + 1, chunk = (n + S - 1) / S;
+  const int64_t p0 = r.lo + s * chunk, p1 = min(r.pos + 1, p0 + chunk);
   const float* qh = q + (static_cast<int64_t>(t) * nh + h) * hd;
   float qv[kMaxDimsPerLane], acc[kMaxDimsPerLane];
 #pragma unroll
@@ -418,30 +816,102 @@ __global__ void k_attention(const float* q, const AttnRow* rows, int nh, int nk,
   }
   const float scale = 1.0f / sqrtf(static_cast<float>(hd));
   float m = -INFINITY, l = 0.0f;
-  for (int64_t p = r.lo; p <= r.pos; ++p) {
-    const int64_t slot = r.ring ? p % r.ring : p;
-    const float* kr = r.k + slot * w + kvh * hd;
-    float s = 0.0f;
+  for (int64_t p = p0 + wi; p < p1; p += 2 * kAttWarps) {
+    const int64_t pb = p + kAttWarps;
+    const bool two = pb < p1;
+    const int64_t sa = r.ring ? p % r.ring : p, sbb = r.ring ? pb % r.ring : pb;
+    const float* ka = r.k + sa * w + kvh * hd;
+    const float* kb = r.k + (two ? sbb : sa) * w + kvh * hd;
+    float da = 0.0f, db = 0.0f;
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerLane; ++i)
-      if (i < nd && i * 32 + lane < hd) s += qv[i] * kr[i * 32 + lane];
-    s = warp_sum(s) * scale;
-    const float mn = fmaxf(m, s);
-    const float c = expf(m - mn), e = expf(s - mn);
-    l = l * c + e;
-    const float* vr = r.v + slot * w + kvh * hd;
+      if (i < nd && i * 32 + lane < hd) {
+        da += qv[i] * ka[i * 32 + lane];
+        db += qv[i] * kb[i * 32 + lane];
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      da += __shfl_xor_sync(0xffffffffu, da, o);
+      db += __shfl_xor_sync(0xffffffffu, db, o);
+    }
+    da *= scale;
+    db = two ? db * scale : -INFINITY;
+    const float mn = fmaxf(m, fmaxf(da, db));
+    const float c = expf(m - mn), ea = expf(da - mn), eb = two ? expf(db - mn) : 0.0f;
+    l = l * c + ea + eb;
+    const float* va = r.v + sa * w + kvh * hd;
+    const float* vb = r.v + (two ? sbb : sa) * w + kvh * hd;
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerLane; ++i)
-      if (i < nd && i * 32 + lane < hd) acc[i] = acc[i] * c + e * vr[i * 32 + lane];
+      if (i < nd && i * 32 + lane < hd)
+        acc[i] = acc[i] * c + ea * va[i * 32 + lane] + eb * vb[i * 32 + lane];
     m = mn;
   }
-  float* o = out + (static_cast<int64_t>(t) * nh + h) * hd;
+  float* A = sm;
+  float* M = sm + kAttWarps * hd;
+  float* L = M + kAttWarps;
 #pragma unroll
   for (int i = 0; i < kMaxDimsPerLane; ++i)
-    if (i < nd && i * 32 + lane < hd) o[i * 32 + lane] = acc[i] / l;
+    if (i < nd && i * 32 + lane < hd) A[wi * hd + i * 32 + lane] = acc[i];
+  if (lane == 0) M[wi] = m, L[wi] = l;
+  __syncthreads();
+  float mm = -INFINITY;
+  for (int i = 0; i < kAttWarps; ++i) mm = fmaxf(mm, M[i]);
+  float f[kAttWarps], ll = 0.0f;
+  for (int i = 0; i < kAttWarps; ++i) {
+    f[i] = M[i] == -INFINITY ? 0.0f : expf(M[i] - mm);
+    ll += L[i] * f[i];
+  }
+  const int64_t th = static_cast<int64_t>(t) * nh + h;
+  for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+    float a = 0.0f;
+    for (int i = 0; i < kAttWarps; ++i) a += A[i * hd + j] * f[i];
+    if (S == 1) {
+      out[th * hd + j] = a / ll;
+    } else {
+      part[(th * S + s) * (hd + 2) + 2 + j] = a;
+    }
+  }
+  if (S == 1) return;
+  if (threadIdx.x == 0) {
+    part[(th * S + s) * (hd + 2)] = mm;
+    part[(th * S + s) * (hd + 2) + 1] = ll;
+  }
+  __threadfence();  // this block's partial is visible to the device before it counts itself
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&counters[th], 1) == S - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Read through L2 (__ldcg): the other blocks' partials, never cached in this SM's L1. The
+  // splits' weights exp(m_i - m) once, in shared memory (S <= 32).
+  __shared__ float wt[32];
+  __shared__ float inv_l;
+  const float* P = part + th * S * (hd + 2);
+  if (threadIdx.x < 32) {
+    const int i = threadIdx.x;
+    const float ms = i < S ? __ldcg(P + i * (hd + 2)) : -INFINITY;
+    float mj = ms;
+    for (int o = 16; o > 0; o >>= 1) mj = fmaxf(mj, __shfl_xor_sync(0xffffffffu, mj, o));
+    const float f = ms == -INFINITY ? 0.0f : expf(ms - mj);
+    wt[i] = f;
+    float lj = i < S ? f * __ldcg(P + i * (hd + 2) + 1) : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) lj += __shfl_xor_sync(0xffffffffu, lj, o);
+    if (i == 0) inv_l = 1.0f / lj;
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+    float a = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < S; ++i) a += __ldcg(P + i * (hd + 2) + 2 + j) * wt[i];
+    out[th * hd + j] = a * inv_l;
+  }
+  if (threadIdx.x == 0) counters[th] = 0;
 }
 
-__global__ void k_gate_norm(float* y, const float* g, const float* gs, int64_t n) {
+__global__ void k_gate_norm(float* y, const float* g, const float* gs, int64_t n, QOut qo) {
+  pdl_launch();
+  pdl_wait();
   const int64_t o = static_cast<int64_t>(blockIdx.x) * n;
   double ss = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -451,10 +921,13 @@ __global__ void k_gate_norm(float* y, const float* g, const float* gs, int64_t n
   }
   const float inv = static_cast<float>(1.0 / sqrt(block_sum_d(ss) + 1e-6));
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[o + i] *= inv;
+  block_quant_row(y + o, n, qo, blockIdx.x);
 }
 
-__global__ void k_swiglu_norm(float* g, const float* u, const float* sg, const float* su,
-                              int64_t n) {
+__global__ void k_swiglu_norm(float* g, const float* u, const float* sg, const float* su, int64_t n,
+                              QOut qo) {
+  pdl_launch();
+  pdl_wait();
   const int64_t o = static_cast<int64_t>(blockIdx.x) * n;
   double ss = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -465,9 +938,12 @@ __global__ void k_swiglu_norm(float* g, const float* u, const float* sg, const f
   }
   const float inv = static_cast<float>(1.0 / sqrt(block_sum_d(ss) + 1e-6));
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) g[o + i] *= inv;
+  block_quant_row(g + o, n, qo, blockIdx.x);
 }
 
 __global__ void k_scale_cols(float* x, const float* s, int64_t total, int64_t V) {
+  pdl_launch();
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] *= s[i % V];
@@ -475,6 +951,8 @@ __global__ void k_scale_cols(float* x, const float* s, int64_t total, int64_t V)
 
 __global__ void k_gather_rows(const float* x, const int64_t* idx, int64_t n, int64_t total,
                               float* y) {
+  pdl_launch();
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     y[i] = x[idx[i / n] * n + i % n];
@@ -490,6 +968,140 @@ __global__ void k_read(const uint4* p, uint64_t n, unsigned* sink) {
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads; almost never true
 }
 
+int g_sms = 0;
+
+int sms() {
+  if (g_sms == 0) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev);
+    if (g_sms <= 0) g_sms = 1;
+  }
+  return g_sms;
+}
+
+bool g_pdl = false;  // programmatic dependent launch: sm_90 and up, unless DORY_CUDA_PDL=0
+// Tensor-core products for BF16 weights from kTcMinT input rows (DORY_CUDA_TC=0: off). They
+// take bf16-rounded inputs; with float inputs asked for (DORY_BF16_INPUT=float) they are used
+// only when g_tc_float (set_tc_float_inputs).
+bool g_tc = true, g_tc_float = false;
+constexpr int kTcMinT = 16;
+
+// Every kernel goes through here: on the backend's stream, with programmatic dependent launch
+// where the device has it (see pdl_wait), the launch's error thrown.
+template <typename... P, typename... A>
+void launch(const char* what, void (*k)(P...), dim3 g, dim3 b, size_t smem, A... a) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = g;
+  cfg.blockDim = b;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = g_stream;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = g_pdl ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, k, static_cast<P>(a)...);
+  if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// The profile (prof_enable): events recorded before each launch, the name and bytes of each.
+struct ProfMark {
+  std::string name;
+  uint64_t bytes;
+  cudaEvent_t ev;
+};
+struct ProfTotal {
+  int64_t n = 0;
+  double ms = 0, bytes = 0;
+};
+bool g_prof = false;
+std::vector<ProfMark> g_marks;
+std::vector<cudaEvent_t> g_free_events;
+std::map<std::string, ProfTotal> g_totals;
+const char* g_label = nullptr;
+std::string g_phase = "pass";
+
+void prof_mark(const char* name, uint64_t bytes = 0) {
+  if (!g_prof) return;
+  cudaEvent_t e;
+  if (g_free_events.empty()) {
+    cudaEventCreate(&e);
+  } else {
+    e = g_free_events.back();
+    g_free_events.pop_back();
+  }
+  cudaEventRecord(e, g_stream);
+  g_marks.push_back({g_phase + " | " + name, bytes, e});
+}
+
+int64_t weight_bytes(int t, int64_t rows, int64_t cols) {
+  switch (t) {
+    case kF32:
+      return rows * cols * 4;
+    case kF16:
+    case kBF16:
+      return rows * cols * 2;
+    case kQ8_0:
+      return rows * cols / 32 * 34;
+    case kQ4_0:
+      return rows * cols / 32 * 18;
+    case kQ4_K:
+      return rows * cols / 256 * 144;
+    case kQ5_K:
+      return rows * cols / 256 * 176;
+    default:
+      return rows * cols / 256 * 210;
+  }
+}
+
+// Rows a warp takes: as many as leave every SM at least 4 blocks of kWarps warps.
+int pick_rows(int64_t rows, int nt) {
+  if (nt > 1) return 1;
+  const int64_t want = 16LL * sms();
+  return rows / 4 >= want ? 4 : rows / 2 >= want ? 2 : 1;
+}
+
+// Launches kernel family F for the (R, NT) picked: F::template run<R, NT>(grid, ...).
+template <class F, class... A>
+void dispatch(int R, int NT, dim3 grid, A... a) {
+  const dim3 block(32 * kWarps);
+  if (NT == 1) {
+    if (R == 4) return F::template run<4, 1>(grid, block, a...);
+    if (R == 2) return F::template run<2, 1>(grid, block, a...);
+    return F::template run<1, 1>(grid, block, a...);
+  }
+  if (NT == 4) return F::template run<1, 4>(grid, block, a...);
+  return F::template run<1, 8>(grid, block, a...);
+}
+
+template <int DT>
+struct RunHalf {
+  template <int R, int NT>
+  static void run(dim3 g, dim3 b, LinJob job, const float* x, int T, bool round_x) {
+    launch("linear", k_lin_half<DT, R, NT>, g, b, 0, job, x, T, round_x);
+  }
+};
+struct RunQ8 {
+  template <int R, int NT>
+  static void run(dim3 g, dim3 b, LinJob job, const int8_t* q, const float* d, int T) {
+    launch("linear", k_lin_q8_0<R, NT>, g, b, 0, job, q, d, T);
+  }
+};
+struct RunQ4 {
+  template <int R, int NT>
+  static void run(dim3 g, dim3 b, LinJob job, const int8_t* q, const float* d, int T) {
+    launch("linear", k_lin_q4_0<R, NT>, g, b, 0, job, q, d, T);
+  }
+};
+template <int DT>
+struct RunKq {
+  template <int R, int NT>
+  static void run(dim3 g, dim3 b, LinJob job, const int8_t* q, const float* d, int T) {
+    launch("linear", k_lin_kq<DT, R, NT>, g, b, 0, job, q, d, T);
+  }
+};
+
 int row_threads(int64_t n) {
   return n >= 1024 ? 1024 : n >= 256 ? 256 : 128;
 }
@@ -498,6 +1110,25 @@ int row_threads(int64_t n) {
 
 void set_stream(void* s) {
   g_stream = static_cast<cudaStream_t>(s);
+  sms();
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  const char* e = std::getenv("DORY_CUDA_PDL");
+  g_pdl = major >= 9 && !(e && std::string(e) == "0");
+  const char* tc = std::getenv("DORY_CUDA_TC");
+  g_tc = major >= 8 && !(tc && std::string(tc) == "0");
+}
+
+void set_tc_float_inputs(bool on) {
+  g_tc_float = on;
+}
+
+QOut act_layout(Act act, void* scratch, int T, int64_t cols) {
+  if (act != Act::Block32 && act != Act::Block256) return {};
+  int8_t* q = static_cast<int8_t*>(scratch);
+  return {act == Act::Block32 ? 32 : 256, q,
+          reinterpret_cast<float*>(q + ((static_cast<int64_t>(T) * cols + 255) / 256) * 256)};
 }
 
 void check_last(const char* what) {
@@ -505,107 +1136,268 @@ void check_last(const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
 
-void linear(const DevMat& w, const float* x, int T, float* y, Act act, float* scratch) {
-  linear_multi(&w, &y, 1, x, T, act, scratch);
+void repack_blocks(int dtype, const void* src, int64_t rows, int64_t cols, void* dst) {
+  const int64_t nb = cols / 32;
+  const int bb = dtype == kQ8_0 ? 34 : 18, qb = bb - 2;
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  uint8_t* q = static_cast<uint8_t*>(dst);
+  uint8_t* sc = q + rows * nb * qb;
+  for (int64_t i = 0; i < rows * nb; ++i) {
+    std::memcpy(q + i * qb, s + i * bb + 2, qb);
+    std::memcpy(sc + i * 2, s + i * bb, 2);
+  }
+}
+
+void linear(const DevMat& w, const float* x, int T, float* y, Act act, void* scratch,
+            bool x_ready) {
+  linear_multi(&w, &y, 1, x, T, act, scratch, x_ready);
 }
 
 void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int T, Act act,
-                  float* scratch) {
+                  void* scratch, bool x_ready) {
   if (T <= 0 || n <= 0) return;
   if (n > 4) throw Error("linear_multi: at most 4 matrices");
+  const int t = ws[0].dtype;
+  const int64_t cols = ws[0].cols;
+  const bool quant = t == kQ8_0 || t == kQ4_0 || t == kQ4_K || t == kQ5_K || t == kQ6_K;
+  const bool half = (t == kBF16 || t == kF16) && cols % 8 == 0;
+  int64_t rows_all = 0;
+  for (int i = 0; i < n; ++i) rows_all += ws[i].rows;
+  const int NT = quant || half ? (T == 1 ? 1 : T <= 4 ? 4 : 8) : kMaxT;
+  const int R = quant || half ? pick_rows(rows_all, NT) : 1;
   LinJob job;
-  job.t = ws[0].dtype;
-  job.cols = ws[0].cols;
+  job.t = t;
+  job.cols = cols;
   job.n = n;
-  int64_t total = 0;
+  int64_t warps = 0;
+  uint64_t bytes = 0;
   for (int i = 0; i < n; ++i) {
-    if (ws[i].dtype != job.t || ws[i].cols != job.cols)
+    if (ws[i].dtype != t || ws[i].cols != cols)
       throw Error("linear_multi: matrices differ in type or width");
     job.w[i] = static_cast<const uint8_t*>(ws[i].data);
+    job.sc[i] = static_cast<const uint8_t*>(ws[i].scales);
     job.y[i] = ys[i];
     job.rows[i] = ws[i].rows;
-    job.end[i] = total += ws[i].rows;
+    job.wend[i] = warps += (ws[i].rows + R - 1) / R;
+    bytes += weight_bytes(t, ws[i].rows, cols);
   }
-  if (act != Act::Float) {
-    const int64_t elems = static_cast<int64_t>(T) * job.cols;
-    if (act == Act::Bf16) {
-      k_round_bf16<<<static_cast<unsigned>(std::min<int64_t>(4096, (elems + 255) / 256)), 256, 0,
-                     g_stream>>>(x, elems, scratch);
-    } else {
-      const int B = act == Act::Block32 ? 32 : 256;
-      const int64_t blocks = elems / B;
-      k_quant_act<<<static_cast<unsigned>((blocks + 7) / 8), 256, 0, g_stream>>>(
-          x, job.cols, blocks, B, scratch);
+  if (t == kBF16 && (act == Act::Bf16 || g_tc_float) && g_tc && T >= kTcMinT && cols % kTcK == 0) {
+    int64_t tiles = 0;
+    for (int i = 0; i < n; ++i) job.wend[i] = tiles += (ws[i].rows + kTcN - 1) / kTcN;
+    prof_mark(g_label ? g_label : "linear", bytes);
+    launch("linear", k_lin_tc, dim3(static_cast<unsigned>(tiles), (T + kTcM - 1) / kTcM), dim3(256),
+           0, job, x, T);
+    g_label = nullptr;
+    return;
+  }
+  const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps), (T + NT - 1) / NT);
+  if (quant) {
+    if (act != Act::Block32 && act != Act::Block256)
+      throw Error("linear: quantized weights take int8 inputs");
+    const QOut qo = act_layout(act, scratch, T, cols);
+    const int B = qo.B;
+    const int64_t blocks = static_cast<int64_t>(T) * cols / B;
+    int8_t* q = qo.q;
+    float* d = qo.d;
+    if (!x_ready) {
+      prof_mark("quantize input");
+      launch("linear input", k_quant_act, dim3(static_cast<unsigned>((blocks + 7) / 8)), dim3(256),
+             0, x, blocks, B, q, d);
     }
-    check_last("linear input");
-    x = scratch;
+    prof_mark(g_label ? g_label : "linear", bytes);
+    switch (t) {
+      case kQ8_0:
+        dispatch<RunQ8>(R, NT, grid, job, static_cast<const int8_t*>(q),
+                        static_cast<const float*>(d), T);
+        break;
+      case kQ4_0:
+        dispatch<RunQ4>(R, NT, grid, job, static_cast<const int8_t*>(q),
+                        static_cast<const float*>(d), T);
+        break;
+      case kQ4_K:
+        dispatch<RunKq<kQ4_K>>(R, NT, grid, job, static_cast<const int8_t*>(q),
+                               static_cast<const float*>(d), T);
+        break;
+      case kQ5_K:
+        dispatch<RunKq<kQ5_K>>(R, NT, grid, job, static_cast<const int8_t*>(q),
+                               static_cast<const float*>(d), T);
+        break;
+      default:
+        dispatch<RunKq<kQ6_K>>(R, NT, grid, job, static_cast<const int8_t*>(q),
+                               static_cast<const float*>(d), T);
+        break;
+    }
+  } else if (half) {
+    prof_mark(g_label ? g_label : "linear", bytes);
+    if (t == kBF16)
+      dispatch<RunHalf<kBF16>>(R, NT, grid, job, x, T, act == Act::Bf16);
+    else
+      dispatch<RunHalf<kF16>>(R, NT, grid, job, x, T, act == Act::Bf16);
+  } else {
+    if (act == Act::Bf16) {
+      const int64_t elems = static_cast<int64_t>(T) * cols;
+      float* r = static_cast<float*>(scratch);
+      prof_mark("round input");
+      launch("linear input", k_round_bf16,
+             dim3(static_cast<unsigned>(std::min<int64_t>(4096, (elems + 255) / 256))), dim3(256),
+             0, x, elems, r);
+      check_last("linear input");
+      x = r;
+    }
+    prof_mark(g_label ? g_label : "linear", bytes);
+    launch("linear", k_lin_generic, grid, dim3(32 * kWarps), 0, job, x, T);
   }
-  const dim3 grid(static_cast<unsigned>((total + kRowsPerBlock - 1) / kRowsPerBlock),
-                  (T + kMaxT - 1) / kMaxT);
-  k_linear<<<grid, 32 * kRowsPerBlock, 0, g_stream>>>(job, x, T);
+  g_label = nullptr;
   check_last("linear");
+}
+
+void prof_label(const char* name) {
+  g_label = name;
 }
 
 void normalize_rows(float* x, int T, int64_t n) {
   if (T <= 0) return;
-  k_normalize_rows<<<T, row_threads(n), 0, g_stream>>>(x, n);
+  prof_mark("normalize");
+  launch("normalize", k_normalize_rows, dim3(T), dim3(row_threads(n)), 0, x, n);
   check_last("normalize");
 }
 
-void ngpt_residual(float* x, float* y, const float* alpha, int T, int64_t n) {
+void ngpt_residual(float* x, float* y, const float* alpha, int T, int64_t n, QOut qo) {
   if (T <= 0) return;
-  k_ngpt_residual<<<T, row_threads(n), 0, g_stream>>>(x, y, alpha, n);
+  prof_mark("ngpt_residual");
+  launch("ngpt_residual", k_ngpt_residual, dim3(T), dim3(row_threads(n)), 0, x, y, alpha, n, qo);
   check_last("ngpt_residual");
 }
 
-void loop_begin(float* x, float* state, float* inp, int T, int64_t n, bool first) {
-  k_loop_begin<<<T, row_threads(n), 0, g_stream>>>(x, state, inp, n, first);
+void loop_begin(float* x, float* state, float* inp, int T, int64_t n, bool first, QOut qo) {
+  prof_mark("loop_begin");
+  launch("loop_begin", k_loop_begin, dim3(T), dim3(row_threads(n)), 0, x, state, inp, n, first, qo);
   check_last("loop_begin");
 }
 
 void loop_end(const float* x, float* state, int T, int64_t n) {
-  k_loop_end<<<T, row_threads(n), 0, g_stream>>>(x, state, n);
+  prof_mark("loop_end");
+  launch("loop_end", k_loop_end, dim3(T), dim3(row_threads(n)), 0, x, state, n);
   check_last("loop_end");
 }
 
 void qk_prepare(float* q, float* k, const float* v, const float* q_scale, const AttnRow* rows,
                 int T, int nh, int nk, int hd, int half, double theta, int rotary_dims) {
   const int threads = ((hd + 31) / 32) * 32;
-  k_qk_prepare<<<dim3(T, nh + nk), threads, hd * sizeof(float), g_stream>>>(
-      q, k, v, q_scale, rows, nh, nk, hd, half, theta, rotary_dims);
+  prof_mark("qk_prepare");
+  launch("qk_prepare", k_qk_prepare, dim3(T, nh + nk), dim3(threads), hd * sizeof(float), q, k, v,
+         q_scale, rows, nh, nk, hd, half, theta, rotary_dims);
   check_last("qk_prepare");
 }
 
-void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out) {
-  if (hd > 32 * kMaxDimsPerLane)
-    throw Error("--device cuda: head dimension " + std::to_string(hd) + " is over 512");
-  k_attention<<<dim3(T, nh), 32, 0, g_stream>>>(q, rows, nh, nk, hd, out);
-  check_last("attention");
+int attention_splits(int T, int nh) {
+  const int s = 2 * sms() / std::max(1, T * nh);
+  return std::max(1, std::min(32, s));
 }
 
-void gate_norm(float* y, const float* g, const float* gate_scale, int T, int64_t w) {
-  k_gate_norm<<<T, row_threads(w), 0, g_stream>>>(y, g, gate_scale, w);
+int64_t attention_part_floats(int T, int nh, int hd) {
+  int64_t most = 0;  // a pass of fewer rows may take more splits
+  for (int t = 1; t <= T; ++t) {
+    const int S = attention_splits(t, nh);
+    if (S > 1) most = std::max<int64_t>(most, static_cast<int64_t>(t) * nh * S * (hd + 2));
+  }
+  return most;
+}
+
+void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out,
+               float* part, int* counters) {
+  if (hd > 32 * kMaxDimsPerLane)
+    throw Error("--device cuda: head dimension " + std::to_string(hd) + " is over 512");
+  const int S = attention_splits(T, nh);
+  const size_t smem = (kAttWarps * hd + 2 * kAttWarps) * sizeof(float);
+  prof_mark("attention");
+  launch("attention", k_attention, dim3(T, nh, S), dim3(32 * kAttWarps), smem, q, rows, nh, nk, hd,
+         S, out, part, counters);
+}
+
+void gate_norm(float* y, const float* g, const float* gate_scale, int T, int64_t w, QOut qo) {
+  prof_mark("gate_norm");
+  launch("gate_norm", k_gate_norm, dim3(T), dim3(row_threads(w)), 0, y, g, gate_scale, w, qo);
   check_last("gate_norm");
 }
 
-void swiglu_norm(float* g, const float* u, const float* sg, const float* su, int T, int64_t f) {
-  k_swiglu_norm<<<T, row_threads(f), 0, g_stream>>>(g, u, sg, su, f);
+void swiglu_norm(float* g, const float* u, const float* sg, const float* su, int T, int64_t f,
+                 QOut qo) {
+  prof_mark("swiglu_norm");
+  launch("swiglu_norm", k_swiglu_norm, dim3(T), dim3(row_threads(f)), 0, g, u, sg, su, f, qo);
   check_last("swiglu_norm");
 }
 
 void scale_cols(float* logits, const float* scale, int T, int64_t V) {
   const int64_t total = static_cast<int64_t>(T) * V;
-  k_scale_cols<<<static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256)), 256, 0,
-                 g_stream>>>(logits, scale, total, V);
+  prof_mark("scale_cols");
+  launch("scale_cols", k_scale_cols,
+         dim3(static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256))), dim3(256), 0,
+         logits, scale, total, V);
   check_last("scale_cols");
 }
 
 void gather_rows(const float* x, const int64_t* idx, int n_rows, int64_t n, float* y) {
   const int64_t total = static_cast<int64_t>(n_rows) * n;
   if (total == 0) return;
-  k_gather_rows<<<static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256)), 256, 0,
-                  g_stream>>>(x, idx, n, total, y);
+  prof_mark("gather_rows");
+  launch("gather_rows", k_gather_rows,
+         dim3(static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256))), dim3(256), 0, x,
+         idx, n, total, y);
   check_last("gather_rows");
+}
+
+void prof_phase(const char* name) {
+  g_phase = name;
+}
+
+void prof_enable(bool on) {
+  g_prof = on;
+}
+
+bool prof_on() {
+  return g_prof;
+}
+
+void prof_flush() {
+  if (!g_prof || g_marks.empty()) return;
+  prof_mark("(end)");
+  cudaEventSynchronize(g_marks.back().ev);
+  for (size_t i = 0; i + 1 < g_marks.size(); ++i) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, g_marks[i].ev, g_marks[i + 1].ev);
+    ProfTotal& p = g_totals[g_marks[i].name];
+    ++p.n;
+    p.ms += ms;
+    p.bytes += static_cast<double>(g_marks[i].bytes);
+  }
+  for (auto& m : g_marks) g_free_events.push_back(m.ev);
+  g_marks.clear();
+}
+
+std::string prof_report() {
+  if (g_totals.empty()) return "";
+  std::vector<std::pair<std::string, ProfTotal>> v(g_totals.begin(), g_totals.end());
+  std::sort(v.begin(), v.end(), [](auto& a, auto& b) {
+    const std::string pa = a.first.substr(0, a.first.find(" | ")),
+                      pb = b.first.substr(0, b.first.find(" | "));
+    return pa != pb ? pa < pb : a.second.ms > b.second.ms;
+  });
+  std::map<std::string, double> all;  // each pass kind's total
+  for (auto& e : v) all[e.first.substr(0, e.first.find(" | "))] += e.second.ms;
+  std::string out =
+      "| pass | kernel | launches | total ms | share | mean us | GB read | GB/s |\n"
+      "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  char line[256];
+  for (auto& [name, p] : v) {
+    std::snprintf(
+        line, sizeof line, "| %s | %lld | %.2f | %.1f%% | %.1f | %.2f | %s |\n", name.c_str(),
+        static_cast<long long>(p.n), p.ms, 100 * p.ms / all[name.substr(0, name.find(" | "))],
+        1e3 * p.ms / p.n, p.bytes / 1e9,
+        p.bytes > 0 ? std::to_string(static_cast<int>(p.bytes / p.ms / 1e6)).c_str() : "");
+    out += line;
+  }
+  return out;
 }
 
 double read_probe(const void* data, uint64_t bytes, int reps) {

@@ -3,14 +3,20 @@
 // throws dory::Error with the CUDA error's text.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace dory::cuda {
 
 // A weight matrix on the device: rows x cols of a DType (its int value), raw blocks as in
 // the file (tensor/quant.h's layouts).
+// Q8_0 and Q4_0 go up repacked (cuda_backend.cpp, repack_blocks): `data` holds the quants of
+// every row end to end (cols bytes a row for Q8_0, cols / 2 for Q4_0, the nibbles of a block
+// in the file's order) and `scales` the blocks' f16 scales, rows x cols / 32; 16-byte loads
+// of quants then line up with the blocks. The other types keep the file's layout.
 struct DevMat {
   int dtype = 0;
   const void* data = nullptr;
+  const void* scales = nullptr;
   int64_t rows = 0, cols = 0;
 };
 
@@ -33,20 +39,37 @@ void check_last(const char* what);
 // or quantized to int8 per block of 32 (Q8_0, Q4_0) or 256 (the K types) as the CPU's integer
 // dot products do (d = max|x| / 127, q = round-to-nearest-even(x / d)), here as q * d.
 enum class Act { Float, Bf16, Block32, Block256 };
-// Y[t*rows + r] = W[r] . X[t*cols] for t < T, the input taken as `act` says (scratch: T x cols
-// floats for the taken input, unused for Act::Float).
+// A row kernel's output also quantized for the product that reads it next (B = 32 or 256; 0:
+// none): int8 quants at q (row t at t x n), block scales at d, as linear() keeps its input in
+// its scratch (act_layout), so that product skips its own quantizing (x_ready).
+struct QOut {
+  int B = 0;
+  int8_t* q = nullptr;
+  float* d = nullptr;
+};
+QOut act_layout(Act act, void* scratch, int T, int64_t cols);
+// Products of BF16 weights with 16 or more input rows run on tensor cores with the input
+// rounded to bf16 (Act::Bf16's function). With Act::Float they do so only when this is on;
+// else those run on CUDA cores in float.
+void set_tc_float_inputs(bool on);
+// Y[t*rows + r] = W[r] . X[t*cols] for t < T, the input taken as `act` says. Bf16 rounds in
+// the product's own loads; Block32/Block256 quantize the input to int8 and a float scale per
+// block into `scratch` (T x cols x 4 bytes is enough) and the product takes integer dot
+// products (dp4a) of those with the weights' quants, as the CPU's integer kernels do.
 void linear(const DevMat& w, const float* x, int T, float* y, Act act = Act::Float,
-            float* scratch = nullptr);
+            void* scratch = nullptr, bool x_ready = false);
 // Up to 4 products of one input in one launch: ys[i] = ws[i] . x; the matrices must share
 // their type and width (the input is taken once).
 void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int T,
-                  Act act = Act::Float, float* scratch = nullptr);
+                  Act act = Act::Float, void* scratch = nullptr, bool x_ready = false);
+// Bytes of Q8_0 / Q4_0 blocks repacked as DevMat says (quants, then f16 scales).
+void repack_blocks(int dtype, const void* src, int64_t rows, int64_t cols, void* dst);
 // Rows t < T of n floats: x <- x / sqrt(sum x^2 + 1e-6).
 void normalize_rows(float* x, int T, int64_t n);
 // x <- n(n(x) + a * (n(y) - n(x))) per row (y is clobbered).
-void ngpt_residual(float* x, float* y, const float* alpha, int T, int64_t n);
+void ngpt_residual(float* x, float* y, const float* alpha, int T, int64_t n, QOut qo = {});
 // LoopBegin: (first: inp = state = x); x = n(state + inp). LoopEnd: state = n(x).
-void loop_begin(float* x, float* state, float* inp, int T, int64_t n, bool first);
+void loop_begin(float* x, float* state, float* inp, int T, int64_t n, bool first, QOut qo = {});
 void loop_end(const float* x, float* state, int T, int64_t n);
 // RoPE (NeoX halves over the first 2*half dims of each head, angle pos * theta^(-2j/r) in
 // double as the CPU computes it), then q <- q_scale * n(q) per head, k <- n(k) per head; k and
@@ -54,11 +77,19 @@ void loop_end(const float* x, float* state, int T, int64_t n);
 void qk_prepare(float* q, float* k, const float* v, const float* q_scale, const AttnRow* rows,
                 int T, int nh, int nk, int hd, int half, double theta, int rotary_dims);
 // Softmax attention of every (row, query head) over its cache rows [lo, pos]; out [T x nh*hd].
-void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out);
+// A row's positions are split over attention_splits(T, nh) blocks (a fixed number, so a
+// captured graph stays valid as the sequence grows), each a few warps, whose partial softmax
+// sums `part` holds (attention_part_floats(T', nh, hd) floats, enough for every T' <= T) until
+// the last of them joins them, found by `counters` (T x nh ints, zero before, zero after).
+void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out,
+               float* part, int* counters);
+int attention_splits(int T, int nh);
+int64_t attention_part_floats(int T, int nh, int hd);
 // y <- n(y * sigmoid(g * gate_scale)) over each row of w floats.
-void gate_norm(float* y, const float* g, const float* gate_scale, int T, int64_t w);
+void gate_norm(float* y, const float* g, const float* gate_scale, int T, int64_t w, QOut qo = {});
 // g <- n(silu(g * sg) * (u * su)) over each row of f floats (silu(a) = a * sigmoid(a)).
-void swiglu_norm(float* g, const float* u, const float* sg, const float* su, int T, int64_t f);
+void swiglu_norm(float* g, const float* u, const float* sg, const float* su, int T, int64_t f,
+                 QOut qo = {});
 // logits[t*V + i] *= scale[i].
 void scale_cols(float* logits, const float* scale, int T, int64_t V);
 // y[i] = x[idx[i]] rows of n floats (gathering the rows a head reads).
@@ -66,5 +97,18 @@ void gather_rows(const float* x, const int64_t* idx, int n_rows, int64_t n, floa
 // Reads `bytes` of device memory once with 16-byte loads (the read-bandwidth probe of
 // dory info and dory bench); returns the seconds it took.
 double read_probe(const void* data, uint64_t bytes, int reps);
+
+// The per-kernel profile (DORY_CUDA_PROFILE=1, graphs off): an event before each launch, the
+// time to the next one charged to the launch's name with the weight bytes it read.
+void prof_enable(bool on);
+// The kind of pass the next launches belong to ("decode", "prefill").
+void prof_phase(const char* name);
+// The name the next product's time goes under ("attn qkvg", "mlp down", ...).
+void prof_label(const char* name);
+bool prof_on();
+// Ends the events of the pass in progress (waits for the stream) and adds them up.
+void prof_flush();
+// The table so far: name, launches, total ms, mean us, GB read, GB/s; empty when off.
+std::string prof_report();
 
 }  // namespace dory::cuda
