@@ -423,12 +423,10 @@ Runner add_convert(CLI::App& app) {
   cmd->add_flag("-q,--quiet", o->quiet, "no per-tensor progress lines");
   cmd->add_option(
       "--merge-lora", o->merge_lora,
-      "merge this PEFT LoRA adapter (DIR or adapter_model.safetensors, optionally :SCALE) into the "
-      "written weights (repeatable)");
+      "merge this LoRA adapter (PEFT DIR or adapter_model.safetensors, or a GGUF adapter file, "
+      "optionally :SCALE) into the written weights (repeatable)");
   add_tensor_type_overrides(cmd, *o);
-  return [o] {
-    return cmf::is_cmf_name(o->out) ? convert_to_cmf(*o) : convert_to_gguf(*o, true);
-  };
+  return [o] { return cmf::is_cmf_name(o->out) ? convert_to_cmf(*o) : convert_to_gguf(*o, true); };
 }
 
 static const bool registered = register_command(74, add_convert);

@@ -18,8 +18,10 @@ Runner add_quantize(CLI::App& app) {
   cmd->add_option("--type", o->type, std::string("weight type: ") + kConvertTypes)->required();
   cmd->add_option("-t,--threads", o->threads, "threads (default all cores)");
   cmd->add_flag("-q,--quiet", o->quiet, "no per-tensor progress lines");
-  cmd->add_option("--merge-lora", o->merge_lora,
-                  "merge this PEFT LoRA adapter (DIR[:SCALE]) into the weights (repeatable)");
+  cmd->add_option(
+      "--merge-lora", o->merge_lora,
+      "merge this LoRA adapter (PEFT DIR or a GGUF adapter file, optionally :SCALE) into "
+      "the weights (repeatable)");
   add_tensor_type_overrides(cmd, *o);
   return [o] { return cmf::is_cmf_name(o->out) ? convert_to_cmf(*o) : convert_to_gguf(*o, false); };
 }

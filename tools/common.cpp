@@ -6,9 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "dory/error.h"
-
 #include "backend/backend.h"
+#include "dory/error.h"
 
 namespace dory::cli {
 
@@ -32,12 +31,15 @@ std::string default_model_path() {
   for (const fs::path& p : tried)
     if (fs::exists(p / "config.json", ec)) return fs::weakly_canonical(p, ec).string();
   std::string where;
-  for (const fs::path& p : tried) where += (where.empty() ? "" : ", ") + p.lexically_normal().string();
+  for (const fs::path& p : tried)
+    where += (where.empty() ? "" : ", ") + p.lexically_normal().string();
   throw Error("no -m given and the built-in model is not at " + where +
               " (give -m MODEL or set DORY_MODEL)");
 }
 
-std::string RunOpts::model_path() const { return model.empty() ? default_model_path() : model; }
+std::string RunOpts::model_path() const {
+  return model.empty() ? default_model_path() : model;
+}
 
 void add_run_opts(CLI::App* app, RunOpts& o) {
   app->add_option("-m,--model", o.model, kModelHelp);
@@ -45,41 +47,53 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
       ->check(CLI::Range(1, 1024));
   app->add_option("--loops", o.loops, "recurrent passes per token, 1..16 (default: the model's)")
       ->check(CLI::Range(1, 16));
-  app->add_option("--kv", o.kv, "recurrent KV cache mode (default: the model's; last_loop on a turbo model file)")
+  app->add_option("--kv", o.kv,
+                  "recurrent KV cache mode (default: the model's; last_loop on a turbo model file)")
       ->check(CLI::IsMember({"per_loop", "last_loop"}));
   app->add_option("--chunk", o.chunk, "prompt rows per batched forward")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  app->add_option("--prompt-loops", o.prompt_loops,
-                  "last_loop: passes for prompt chunks whose logits nobody reads, 0 = all of --loops "
-                  "(default: 1 on a turbo model file, else 0)")
+  app->add_option(
+         "--prompt-loops", o.prompt_loops,
+         "last_loop: passes for prompt chunks whose logits nobody reads, 0 = all of --loops "
+         "(default: 1 on a turbo model file, else 0)")
       ->check(CLI::Range(0, 16));
   app->add_option("--gate", o.gate,
                   "early exit after one pass (last_loop): conf:THETA | recon[:BIAS] | auto | off "
                   "(default: recon on a turbo model file, else off)");
-  app->add_option("--o1", o.o1,
-                  "O(1) far field for the full-attention layers: m,w,sink,seal (e.g. 32,128,4,1024) | off "
-                  "(default: the model file's, else off)");
+  app->add_option(
+      "--o1", o.o1,
+      "O(1) far field for the full-attention layers: m,w,sink,seal (e.g. 32,128,4,1024) | off "
+      "(default: the model file's, else off)");
   app->add_option("--o1-rectify", o.rectify,
-                  "far field rectifier: aggregate (drop a negative far part) or clamp (clamp its weights at 0)")
+                  "far field rectifier: aggregate (drop a negative far part) or clamp (clamp its "
+                  "weights at 0)")
       ->check(CLI::IsMember({"aggregate", "clamp"}));
-  app->add_option("--exact", o.exact,
-                  "rows kept exact past the far field's seal, chosen at a prompt's end: ROWS (the model file's "
-                  "weights) | FILE:ROWS (weights from a dory calibrate file) | off (default: the model file's)");
+  app->add_option(
+      "--exact", o.exact,
+      "rows kept exact past the far field's seal, chosen at a prompt's end: ROWS (the model file's "
+      "weights) | FILE:ROWS (weights from a dory calibrate file) | off (default: the model "
+      "file's)");
   app->add_option("--spill", o.spill,
-                  "with --exact: keep the rows that wait for the choice in files under this directory, not in RAM");
+                  "with --exact: keep the rows that wait for the choice in files under this "
+                  "directory, not in RAM");
   add_device_opt(app, o);
-  app->add_option("--lora", o.lora,
-                  "a PEFT LoRA adapter (its directory, or adapter_model.safetensors with adapter_config.json "
-                  "beside it), optionally :SCALE; applied at run time, the base weights untouched (repeatable)");
-  app->add_option("--skill", o.skill,
-                  "CMF files: run with this skill's tensors in place of the backbone's (ID, or none; auto "
-                  "routing is not there yet; dory info lists the file's skills)");
-  auto* mm = app->add_flag("--mmap", o.mmap,
-                           "use the weights in place from the memory-mapped model file (the default): "
-                           "nothing is read at load");
+  app->add_option(
+      "--lora", o.lora,
+      "a LoRA adapter: PEFT's (its directory, or adapter_model.safetensors with "
+      "adapter_config.json beside it) or llama.cpp's GGUF adapter file, optionally :SCALE; "
+      "applied at run time, the base weights untouched (repeatable)");
+  app->add_option(
+      "--skill", o.skill,
+      "CMF files: run with this skill's tensors in place of the backbone's (ID, or none; auto "
+      "routing is not there yet; dory info lists the file's skills)");
+  auto* mm =
+      app->add_flag("--mmap", o.mmap,
+                    "use the weights in place from the memory-mapped model file (the default): "
+                    "nothing is read at load");
   app->add_flag("--no-mmap", o.no_mmap,
-                "read the weights into memory on huge pages at load: decode streams them ~5% faster, loading "
+                "read the weights into memory on huge pages at load: decode streams them ~5% "
+                "faster, loading "
                 "takes a while (0.3-2 s per GiB)")
       ->excludes(mm);
 }
@@ -95,19 +109,24 @@ std::shared_ptr<Backend> RunOpts::open(std::shared_ptr<const Model> model) const
   return open_backend(std::move(model), backend_options());
 }
 
-std::string backend_text(const Session& s) { return s.backend().describe(); }
+std::string backend_text(const Session& s) {
+  return s.backend().describe();
+}
 
-void parallel_ranges(Backend& be, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+void parallel_ranges(Backend& be, int64_t n, int64_t grain,
+                     const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  const int64_t step = std::max<int64_t>(std::max<int64_t>(1, grain), (n + be.host_threads() * 4 - 1) /
-                                                                         (be.host_threads() * 4));
-  be.host_parallel((n + step - 1) / step, [&](int64_t k) { fn(k * step, std::min(n, (k + 1) * step)); });
+  const int64_t step = std::max<int64_t>(std::max<int64_t>(1, grain),
+                                         (n + be.host_threads() * 4 - 1) / (be.host_threads() * 4));
+  be.host_parallel((n + step - 1) / step,
+                   [&](int64_t k) { fn(k * step, std::min(n, (k + 1) * step)); });
 }
 
 void add_device_opt(CLI::App* app, RunOpts& o) {
-  app->add_option("--device", o.device,
-                  "where the model runs: cpu, cuda (an NVIDIA GPU, in a build with CUDA) or auto (the GPU "
-                  "when this build has one and a device is present, else the CPU)")
+  app->add_option(
+         "--device", o.device,
+         "where the model runs: cpu, cuda (an NVIDIA GPU, in a build with CUDA) or auto (the GPU "
+         "when this build has one and a device is present, else the CPU)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
 }
@@ -137,21 +156,25 @@ std::string gate_summary(const Session& s) {
   if (s.gate().kind == GateParams::Kind::Off) return "";
   const GateStats g = s.gate_stats();
   char buf[256];
-  std::snprintf(buf, sizeof buf, "gate %s: %lld tokens gated, %.1f%% left after one pass", s.gate().str().c_str(),
-                (long long)g.gated, 100.0 * g.one_pass_share());
+  std::snprintf(buf, sizeof buf, "gate %s: %lld tokens gated, %.1f%% left after one pass",
+                s.gate().str().c_str(), (long long)g.gated, 100.0 * g.one_pass_share());
   std::string out = buf;
   if (s.gate().kind == GateParams::Kind::Conf) {
-    std::snprintf(buf, sizeof buf, " (read-outs %lld, probes %lld)", (long long)g.readouts, (long long)g.probes);
+    std::snprintf(buf, sizeof buf, " (read-outs %lld, probes %lld)", (long long)g.readouts,
+                  (long long)g.probes);
     out += buf;
   }
   return out;
 }
 
-int RunOpts::n_threads() const { return threads > 0 ? threads : default_host_threads(); }
+int RunOpts::n_threads() const {
+  return threads > 0 ? threads : default_host_threads();
+}
 
 void add_gen_opts(CLI::App* app, GenOpts& o) {
   SamplingParams& p = o.sp;
-  app->add_option("-n,--n-predict", o.n_predict, "tokens to generate (-1 = until end of text or context)")
+  app->add_option("-n,--n-predict", o.n_predict,
+                  "tokens to generate (-1 = until end of text or context)")
       ->check(CLI::Range(-1, 1 << 24))
       ->capture_default_str();
   app->add_option("--temp", p.temperature, "temperature (0 = greedy)")
@@ -201,8 +224,8 @@ void ProgressLine::update(int64_t done, int64_t total) {
   if (t < 1.0 || (shown_ && t - last_ < 0.25 && done < total)) return;
   shown_ = true;
   last_ = t;
-  std::fprintf(stderr, "\r%s: %lld/%lld %s (%.0f%%), %.1f s", what_, (long long)done, (long long)total, unit_,
-               100.0 * done / std::max<int64_t>(1, total), t);
+  std::fprintf(stderr, "\r%s: %lld/%lld %s (%.0f%%), %.1f s", what_, (long long)done,
+               (long long)total, unit_, 100.0 * done / std::max<int64_t>(1, total), t);
   std::fflush(stderr);
 }
 
@@ -239,7 +262,8 @@ std::optional<uint64_t> proc_bytes(const char* file, const std::string& key) {
   std::ifstream f(file);
   const std::string head = key + ":";
   for (std::string line; std::getline(f, line);)
-    if (line.rfind(head, 0) == 0) return std::strtoull(line.c_str() + head.size(), nullptr, 10) * 1024;
+    if (line.rfind(head, 0) == 0)
+      return std::strtoull(line.c_str() + head.size(), nullptr, 10) * 1024;
   return std::nullopt;
 }
 
@@ -251,10 +275,14 @@ std::string weights_placement_text(const Model& m) {
 
 std::string human_bytes(uint64_t b) {
   char buf[64];
-  if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
-  else if (b >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / double(1ull << 20));
-  else if (b >= 1024) std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024.0);
-  else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  if (b >= (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
+  else if (b >= (1ull << 20))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / double(1ull << 20));
+  else if (b >= 1024)
+    std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
   return buf;
 }
 

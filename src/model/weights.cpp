@@ -1,7 +1,5 @@
 #include "model/weights.h"
 
-#include "model/turbo.h"
-
 #include <sys/stat.h>
 
 #include <cmath>
@@ -11,9 +9,11 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "format/gguf.h"
 #include "format/hf_config.h"
 #include "format/mapped_file.h"
 #include "model/gguf_dory.h"
+#include "model/turbo.h"
 
 namespace dory {
 
@@ -123,8 +123,9 @@ std::map<std::string, kern::Mat*> matrices_by_name(Weights& w) {
     LayerWeights& L = w.layers[i];
     const std::string p = "backbone.layers." + std::to_string(i) + ".mixer.";
     const std::pair<kern::Mat*, const char*> mats[] = {
-        {&L.wq, "q_proj"}, {&L.wk, "k_proj"},         {&L.wv, "v_proj"},   {&L.wg, "g_proj"},
-        {&L.wo, "o_proj"}, {&L.w_gate, "gate_proj"}, {&L.w_up, "up_proj"}, {&L.w_down, "down_proj"}};
+        {&L.wq, "q_proj"},    {&L.wk, "k_proj"},       {&L.wv, "v_proj"},
+        {&L.wg, "g_proj"},    {&L.wo, "o_proj"},       {&L.w_gate, "gate_proj"},
+        {&L.w_up, "up_proj"}, {&L.w_down, "down_proj"}};
     for (const auto& [m, n] : mats)
       if (m->data) out[p + n + ".weight"] = m;
   }
@@ -169,8 +170,9 @@ std::unique_ptr<Weights> load_hf_weights(const std::string& path, std::string* r
   if (!is_dir(dir)) {
     if (!is_file(dir)) throw Error(path + ": no such file or directory");
     if (!ends_with(dir, ".safetensors") && !ends_with(dir, ".json"))
-      throw Error(path + ": not a model: expected a Hugging Face directory with config.json "
-                         "and model.safetensors");
+      throw Error(path +
+                  ": not a model: expected a Hugging Face directory with config.json "
+                  "and model.safetensors");
     size_t slash = dir.rfind('/');
     dir = slash == std::string::npos ? "." : dir.substr(0, slash);
   }
@@ -230,7 +232,6 @@ std::unique_ptr<Weights> load_hf_weights(const std::string& path, std::string* r
   return w;
 }
 
-
 std::unique_ptr<Weights> load_gguf_weights(const std::string& path) {
   return load_gguf_weights(std::make_unique<gguf::File>(path));
 }
@@ -244,7 +245,8 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file) {
   DoryConfig& c = w->cfg;
   // llama.cpp always writes dory.gate_init (sqrt(H) when config.json has null):
   // take that value as "sqrt(H)" so a converted file computes what its config did.
-  if (c.gate_init && static_cast<float>(*c.gate_init) == static_cast<float>(std::sqrt(double(c.hidden))))
+  if (c.gate_init &&
+      static_cast<float>(*c.gate_init) == static_cast<float>(std::sqrt(double(c.hidden))))
     c.gate_init.reset();
 
   const auto expected = expected_tensors(c);
@@ -255,8 +257,10 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file) {
     const std::string g = gguf_tensor_name(name);
     want.insert(g);
     const gguf::TensorInfo* t = f.tensor(g);
-    if (!t) missing.push_back(g);
-    else by_name[name] = &t->view;
+    if (!t)
+      missing.push_back(g);
+    else
+      by_name[name] = &t->view;
   }
   for (const auto& t : f.tensors())
     if (!want.count(t.name) && !is_turbo_tensor(t.name)) unexpected.push_back(t.name);
@@ -270,9 +274,10 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file) {
     const TensorView& t = *by_name[name];
     if (t.shape != shape) {
       std::vector<int64_t> ne(shape.rbegin(), shape.rend());
-      throw Error(path + ": tensor '" + t.name + "' has shape " + shape_str(t.shape) +
-                  " (ne " + shape_str(std::vector<int64_t>(t.shape.rbegin(), t.shape.rend())) +
-                  "), but the metadata implies " + shape_str(shape) + " (ne " + shape_str(ne) + ")");
+      throw Error(path + ": tensor '" + t.name + "' has shape " + shape_str(t.shape) + " (ne " +
+                  shape_str(std::vector<int64_t>(t.shape.rbegin(), t.shape.rend())) +
+                  "), but the metadata implies " + shape_str(shape) + " (ne " + shape_str(ne) +
+                  ")");
     }
     if (shape.size() == 1 && dtype_is_quantized(t.dtype))
       throw Error(path + ": tensor '" + t.name + "' is " + dtype_name(t.dtype) +
@@ -308,26 +313,29 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
     std::string k = it.key();
     for (const auto& [cortiq, hf] : cmf::arch_key_names())
       if (k == cortiq) k = hf;
-    if (k == "arch_name" || k == "layer_types" || k == "rms_norm_eps" || k == "norm_style" || k == "hidden_act" ||
-        k == "embed_multiplier" || k == "loop_final_norm")
+    if (k == "arch_name" || k == "layer_types" || k == "rms_norm_eps" || k == "norm_style" ||
+        k == "hidden_act" || k == "embed_multiplier" || k == "loop_final_norm")
       continue;  // cortiq's own keys, which a Dory config has no use for
     cfg[k] = it.value();
   }
   if (arch.contains("arch_name") && arch["arch_name"] != "dory")
-    throw Error(path + ": the header's arch_name is " + arch["arch_name"].dump() + ", not \"dory\"");
+    throw Error(path + ": the header's arch_name is " + arch["arch_name"].dump() +
+                ", not \"dory\"");
   size_t slash = path.rfind('/');
-  const std::string beside = (slash == std::string::npos ? std::string(".") : path.substr(0, slash)) + "/config.json";
+  const std::string beside =
+      (slash == std::string::npos ? std::string(".") : path.substr(0, slash)) + "/config.json";
   if (is_file(beside)) {
     json side = read_json_file(beside);
     if (!side.is_object()) throw Error(beside + ": not a JSON object");
     for (auto it = side.begin(); it != side.end(); ++it) {
       if (cfg.contains(it.key()) && !cfg[it.key()].is_null() && cfg[it.key()] != it.value())
-        throw Error(path + ": the header's arch says " + it.key() + " = " + cfg[it.key()].dump() + ", " + beside +
-                    " says " + it.value().dump());
+        throw Error(path + ": the header's arch says " + it.key() + " = " + cfg[it.key()].dump() +
+                    ", " + beside + " says " + it.value().dump());
       cfg[it.key()] = it.value();
     }
   }
-  w->cfg = parse_hf_config_text(cfg.dump(), path + " (arch" + (is_file(beside) ? " + " + beside : std::string()) + ")");
+  w->cfg = parse_hf_config_text(
+      cfg.dump(), path + " (arch" + (is_file(beside) ? " + " + beside : std::string()) + ")");
   const DoryConfig& c = w->cfg;
 
   // The skill overlay: its tensors replace the backbone's by name (replacement, not addition).
@@ -340,7 +348,8 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
       ids += (ids.empty() ? "" : ", ") + k.id;
     }
     if (!known)
-      throw Error(path + ": no skill '" + skill + "' (the file has " + (ids.empty() ? std::string("none") : ids) + ")");
+      throw Error(path + ": no skill '" + skill + "' (the file has " +
+                  (ids.empty() ? std::string("none") : ids) + ")");
     const std::string pre = "skill." + skill + ".";
     int replaced = 0;
     for (auto& [tname, t] : all_tensors)
@@ -348,11 +357,13 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
         const std::string base = tname.substr(pre.size());
         auto it = all_tensors.find(base);
         if (it == all_tensors.end())
-          throw Error(path + ": skill tensor '" + tname + "' replaces '" + base + "', which the model does not have");
+          throw Error(path + ": skill tensor '" + tname + "' replaces '" + base +
+                      "', which the model does not have");
         it->second = t;
         ++replaced;
       }
-    if (replaced == 0) throw Error(path + ": skill '" + skill + "' has no tensors (skill." + skill + ".*)");
+    if (replaced == 0)
+      throw Error(path + ": skill '" + skill + "' has no tensors (skill." + skill + ".*)");
   }
   const auto expected = expected_tensors(c);
   std::map<std::string, const TensorView*> by_name;
@@ -372,13 +383,15 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
       continue;
     }
     if (t->shape != shape)
-      throw Error(path + ": tensor '" + t->name + "' has shape " + shape_str(t->shape) + ", but the config implies " +
-                  shape_str(shape) + " for '" + name + "'");
+      throw Error(path + ": tensor '" + t->name + "' has shape " + shape_str(t->shape) +
+                  ", but the config implies " + shape_str(shape) + " for '" + name + "'");
     TensorView v;
     v.name = name;
     v.shape = t->shape;
     if (t->dtype == cmf::kF32 || t->dtype == cmf::kF16 || t->dtype == cmf::kBF16) {
-      v.dtype = t->dtype == cmf::kF32 ? DType::F32 : t->dtype == cmf::kF16 ? DType::F16 : DType::BF16;
+      v.dtype = t->dtype == cmf::kF32   ? DType::F32
+                : t->dtype == cmf::kF16 ? DType::F16
+                                        : DType::BF16;
       v.data = t->data;
     } else if (t->dtype == cmf::kQ8_2f && t->shape[1] % 32 == 0) {
       // q8_2f runs on the Q8_0 kernels: w[r,c] = (q * row_scale[r]) * col[c], so each row is
@@ -395,7 +408,8 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
         }
       std::vector<float>& col = w->decoded.emplace_back(static_cast<size_t>(cols));
       const uint8_t* cs = rs + 2 * rows;
-      for (int64_t c = 0; c < cols; ++c) col[c] = f16_to_f32(static_cast<uint16_t>(cs[2 * c] | cs[2 * c + 1] << 8));
+      for (int64_t c = 0; c < cols; ++c)
+        col[c] = f16_to_f32(static_cast<uint16_t>(cs[2 * c] | cs[2 * c + 1] << 8));
       v.dtype = DType::Q8_0;
       v.data = q.data();
       col_scales[name] = col.data();
@@ -408,8 +422,8 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
     views.push_back(v);
   }
   if (!missing.empty())
-    throw Error(path + ": " + std::to_string(missing.size()) + " tensors that the config implies are missing: " +
-                list_names(missing));
+    throw Error(path + ": " + std::to_string(missing.size()) +
+                " tensors that the config implies are missing: " + list_names(missing));
   if (!unexpected.empty())
     throw Error(path + ": " + std::to_string(unexpected.size()) +
                 " unexpected tensors (not part of this Dory config): " + list_names(unexpected));
@@ -430,6 +444,82 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
   return w;
 }
 
+namespace {
+
+bool has_gguf_magic(const std::string& path) {
+  char m[4] = {};
+  std::FILE* fp = std::fopen(path.c_str(), "rb");
+  if (!fp) return false;
+  const bool got = std::fread(m, 1, 4, fp) == 4;
+  std::fclose(fp);
+  return got && std::memcmp(m, "GGUF", 4) == 0;
+}
+
+// llama.cpp's GGUF LoRA adapter (convert_lora_to_gguf.py's output): general.type "adapter",
+// adapter.type "lora", adapter.lora.alpha, and for each adapted matrix NAME (the model's GGUF
+// tensor name) NAME.lora_a [rank x cols] and NAME.lora_b [rows x rank] (row-major shapes), any
+// type dory reads. Scale: user * alpha / rank, or user when alpha is 0 (as llama.cpp).
+void apply_gguf_lora(Weights& w, const std::string& spec, const std::string& file, float user) {
+  gguf::File f(file);
+  auto str = [&](const char* key) -> std::string {
+    const gguf::Value* v = f.find(key);
+    return v && v->type == gguf::VType::STRING ? v->s : "";
+  };
+  const std::string type = str("general.type"), atype = str("adapter.type"),
+                    arch = str("general.architecture");
+  if (type != "adapter")
+    throw Error("--lora " + spec + ": a GGUF " +
+                (type.empty() ? "file without general.type" : "'" + type + "'") +
+                ", not a LoRA adapter (general.type \"adapter\")");
+  if (atype != "lora")
+    throw Error("--lora " + spec + ": adapter.type is '" + atype + "', not 'lora'");
+  if (arch != "dory")
+    throw Error("--lora " + spec + ": an adapter for '" + arch + "', not for dory");
+  double alpha = 0;
+  if (const gguf::Value* v = f.find("adapter.lora.alpha")) {
+    if (!v->is_float() && !v->is_int())
+      throw Error("--lora " + spec + ": adapter.lora.alpha must be a number");
+    alpha = v->is_float() ? v->f : static_cast<double>(v->i);
+  }
+  std::map<std::string, kern::Mat*> by_gguf;
+  for (const auto& [hf, m] : matrices_by_name(w))
+    if (const std::string g = gguf_tensor_name(hf); !g.empty()) by_gguf[g] = m;
+  int n_pairs = 0;
+  for (const gguf::TensorInfo& ta : f.tensors()) {
+    const std::string suffix = ".lora_a";
+    const std::string& name = ta.name;
+    if (name.size() < suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string base = name.substr(0, name.size() - suffix.size());
+    auto mit = by_gguf.find(base);
+    if (mit == by_gguf.end())
+      throw Error(file + ": tensor '" + name + "' adapts '" + base +
+                  "', which the model does not have");
+    const gguf::TensorInfo* tb = f.tensor(base + ".lora_b");
+    if (!tb) throw Error(file + ": tensor '" + name + "' has no lora_b beside it");
+    const TensorView &a = ta.view, &b = tb->view;
+    kern::Mat& m = *mit->second;
+    if (a.shape.size() != 2 || b.shape.size() != 2 || a.shape[1] != m.cols ||
+        b.shape[0] != m.rows || b.shape[1] != a.shape[0])
+      throw Error(file + ": '" + name + "' " + shape_str(a.shape) + " and its lora_b " +
+                  shape_str(b.shape) + " do not fit '" + base + "' [" + std::to_string(m.rows) +
+                  ", " + std::to_string(m.cols) + "]");
+    const float scale =
+        alpha != 0 ? user * static_cast<float>(alpha / static_cast<double>(a.shape[0])) : user;
+    w.decoded.push_back(a.to_f32());
+    const float* pa = w.decoded.back().data();
+    w.decoded.push_back(b.to_f32());
+    const float* pb = w.decoded.back().data();
+    w.loras[&m].push_back(kern::LoraDelta{a.shape[0], scale, pa, pb});
+    m.lora = &w.loras[&m];
+    ++n_pairs;
+  }
+  if (n_pairs == 0) throw Error(file + ": no .lora_a/.lora_b tensor pairs");
+}
+
+}  // namespace
+
 void apply_loras(Weights& w, const std::vector<std::string>& specs) {
   using nlohmann::json;
   const std::map<std::string, kern::Mat*> modules = matrices_by_name(w);
@@ -443,38 +533,54 @@ void apply_loras(Weights& w, const std::vector<std::string>& specs) {
       const float v = std::strtof(tail.c_str(), &end);
       if (!tail.empty() && end && *end == 0) file = spec.substr(0, colon), user = v;
     }
+    if (is_file(file) && has_gguf_magic(file)) {
+      apply_gguf_lora(w, spec, file, user);
+      continue;
+    }
     std::string dir = file, st = file;
-    if (is_dir(file)) st = file + "/adapter_model.safetensors";
-    else dir = file.rfind('/') == std::string::npos ? "." : file.substr(0, file.rfind('/'));
+    if (is_dir(file))
+      st = file + "/adapter_model.safetensors";
+    else
+      dir = file.rfind('/') == std::string::npos ? "." : file.substr(0, file.rfind('/'));
     if (!is_file(st)) throw Error("--lora " + spec + ": no adapter_model.safetensors at " + st);
     const std::string cfg_path = dir + "/adapter_config.json";
     if (!is_file(cfg_path)) throw Error("--lora " + spec + ": no adapter_config.json beside " + st);
     json cfg = read_json_file(cfg_path);
-    if (!cfg.is_object() || !cfg.contains("r") || !cfg["r"].is_number_integer() || cfg["r"].get<int64_t>() < 1)
+    if (!cfg.is_object() || !cfg.contains("r") || !cfg["r"].is_number_integer() ||
+        cfg["r"].get<int64_t>() < 1)
       throw Error(cfg_path + ": key 'r' must be a positive integer");
     const double r = static_cast<double>(cfg["r"].get<int64_t>());
-    const double alpha = cfg.contains("lora_alpha") && cfg["lora_alpha"].is_number() ? cfg["lora_alpha"].get<double>() : r;
-    const bool rs = cfg.contains("use_rslora") && cfg["use_rslora"].is_boolean() && cfg["use_rslora"].get<bool>();
+    const double alpha = cfg.contains("lora_alpha") && cfg["lora_alpha"].is_number()
+                             ? cfg["lora_alpha"].get<double>()
+                             : r;
+    const bool rs = cfg.contains("use_rslora") && cfg["use_rslora"].is_boolean() &&
+                    cfg["use_rslora"].get<bool>();
     const float scale = user * static_cast<float>(alpha / (rs ? std::sqrt(r) : r));
     w.adapter_files.push_back(std::make_unique<SafeTensorsFile>(st));
     const auto& tensors = w.adapter_files.back()->tensors();
     int n_pairs = 0;
     for (const auto& [name, a] : tensors) {
       const std::string suffix = ".lora_A.weight";
-      if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+      if (name.size() < suffix.size() ||
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;
       std::string module = name.substr(0, name.size() - suffix.size());
       for (const char* pre : {"base_model.model.", "model."})
-        if (module.rfind(pre, 0) == 0 && !modules.count(module + ".weight")) module = module.substr(std::strlen(pre));
+        if (module.rfind(pre, 0) == 0 && !modules.count(module + ".weight"))
+          module = module.substr(std::strlen(pre));
       auto mit = modules.find(module + ".weight");
-      if (mit == modules.end()) throw Error(st + ": tensor '" + name + "' adapts '" + module + "', which the model does not have");
+      if (mit == modules.end())
+        throw Error(st + ": tensor '" + name + "' adapts '" + module +
+                    "', which the model does not have");
       auto bit = tensors.find(name.substr(0, name.size() - suffix.size()) + ".lora_B.weight");
       if (bit == tensors.end()) throw Error(st + ": tensor '" + name + "' has no lora_B beside it");
       const TensorView& b = bit->second;
       kern::Mat& m = *mit->second;
-      if (a.shape.size() != 2 || b.shape.size() != 2 || a.shape[1] != m.cols || b.shape[0] != m.rows ||
-          b.shape[1] != a.shape[0])
-        throw Error(st + ": '" + name + "' " + shape_str(a.shape) + " and its lora_B " + shape_str(b.shape) +
-                    " do not fit '" + module + "' [" + std::to_string(m.rows) + ", " + std::to_string(m.cols) + "]");
+      if (a.shape.size() != 2 || b.shape.size() != 2 || a.shape[1] != m.cols ||
+          b.shape[0] != m.rows || b.shape[1] != a.shape[0])
+        throw Error(st + ": '" + name + "' " + shape_str(a.shape) + " and its lora_B " +
+                    shape_str(b.shape) + " do not fit '" + module + "' [" + std::to_string(m.rows) +
+                    ", " + std::to_string(m.cols) + "]");
       w.decoded.push_back(a.to_f32());
       const float* pa = w.decoded.back().data();
       w.decoded.push_back(b.to_f32());
@@ -487,7 +593,8 @@ void apply_loras(Weights& w, const std::vector<std::string>& specs) {
   }
 }
 
-std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved, const std::string& skill) {
+std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved,
+                                      const std::string& skill) {
   if (is_file(path)) {
     bool gguf_magic = false, cmf_magic = false;
     if (std::FILE* fp = std::fopen(path.c_str(), "rb")) {
@@ -502,7 +609,8 @@ std::unique_ptr<Weights> load_weights(const std::string& path, std::string* reso
       return load_cmf_weights(path, skill);
     }
     if (!skill.empty() && skill != "none")
-      throw Error(path + ": --skill " + skill + ": skills live in CMF files; this model is not one");
+      throw Error(path + ": --skill " + skill +
+                  ": skills live in CMF files; this model is not one");
     if (gguf_magic || ends_with(path, ".gguf")) {
       *resolved = path;
       return load_gguf_weights(path);

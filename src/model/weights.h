@@ -81,7 +81,9 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file);
 // replace the backbone's NAME, read in place as the backbone's are.
 std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::string& skill = "");
 
-// PEFT LoRA adapters ("DIR_OR_adapter_model.safetensors[:SCALE]"), applied at run time: each
+// LoRA adapters ("DIR_OR_adapter_model.safetensors[:SCALE]" for PEFT's, "FILE.gguf[:SCALE]" for
+// llama.cpp's GGUF adapters: general.type "adapter", NAME.lora_a / NAME.lora_b on the model's
+// GGUF tensor names, scale alpha / rank), applied at run time: each
 // adapted matrix's Mat::lora lists (A, B, scale * lora_alpha / r) and the CPU backend adds
 // scale * B (A x) to its products; the base weights are not touched. Throws Error naming the
 // file and the tensor for a module the model does not have or a shape that does not fit.

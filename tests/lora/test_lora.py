@@ -14,6 +14,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "testlib"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "gguf"))
 sys.dont_write_bytecode = True
 import st_np as ST  # noqa: E402
 DORY = os.environ.get("DORY_BIN", "")
@@ -105,9 +106,6 @@ class Lora(unittest.TestCase):
             self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class MergeLora(unittest.TestCase):
     def test_merged_file_equals_the_adapter_at_run_time(self):
@@ -126,3 +124,69 @@ class MergeLora(unittest.TestCase):
             self.assertLess(np.abs(merged - live).max(), TOL)
         finally:
             Lora.tearDownClass()
+
+
+class GgufLora(unittest.TestCase):
+    """llama.cpp's GGUF LoRA adapters: the PEFT adapter above written as one (by tests/gguf's
+    independent numpy GGUF writer, lora_a in F32 and lora_b in F16 with its rounding in the
+    numpy merge), on the model's GGUF tensor names; the logits equal numpy's merge."""
+
+    def test_gguf_adapter_equals_merged_weights(self):
+        import gguf_min as G
+        Lora.setUpClass()
+        try:
+            case = Lora()
+            tmp = Lora.tmp
+            w = read_st(os.path.join(Lora.base, "model.safetensors"))
+            ad = read_st(os.path.join(Lora.adapter, "adapter_model.safetensors"))
+            cfg = json.load(open(os.path.join(Lora.base, "config.json")))
+            mlp = [i for i, ch in enumerate(cfg["hybrid_layer_pattern"]) if ch == "-"][0]
+            names = {"backbone.layers.0.mixer.q_proj": "blk.0.attn_q",
+                     "backbone.layers.%d.mixer.up_proj" % mlp: "blk.%d.ffn_up" % mlp, "lm_head": "output"}
+            r, alpha, user = 4, 8.0, 0.5
+            tensors, merged = [], dict(w)
+            for hf, gg in names.items():
+                a = ad["base_model.model." + hf + ".lora_A.weight"]
+                b = ad["base_model.model." + hf + ".lora_B.weight"].astype(np.float16)
+                tensors.append((gg + ".weight.lora_a", G.T_F32, list(a.shape), a.tobytes()))
+                tensors.append((gg + ".weight.lora_b", G.T_F16, list(b.shape), b.tobytes()))
+                merged[hf + ".weight"] = w[hf + ".weight"] + np.float32(user * alpha / r) * (b.astype(np.float32) @ a)
+            kvs = [("general.architecture", G.STRING, "dory"), ("general.type", G.STRING, "adapter"),
+                   ("adapter.type", G.STRING, "lora"), ("adapter.lora.alpha", G.F32, alpha)]
+            path = os.path.join(tmp, "adapter.gguf")
+            G.write(path, kvs, tensors)
+            mdir = os.path.join(tmp, "merged_f16b")
+            os.makedirs(mdir)
+            shutil.copy(os.path.join(Lora.base, "config.json"), mdir)
+            write_st(os.path.join(mdir, "model.safetensors"), merged)
+            got = case.logits(Lora.base, "--lora", "%s:%g" % (path, user))
+            want = case.logits(mdir)
+            d = float(np.abs(got - want).max())
+            print("  gguf lora vs merged: max|d| %.2e" % d)
+            self.assertLess(d, TOL)
+            # merged into a file from the GGUF adapter: the same logits
+            out = os.path.join(tmp, "merged_from_gguf.gguf")
+            rr = subprocess.run([DORY, "convert", Lora.base, out, "--type", "f32", "-q", "--merge-lora",
+                                 "%s:%g" % (path, user)], capture_output=True, text=True)
+            self.assertEqual(rr.returncode, 0, rr.stderr)
+            self.assertLess(np.abs(case.logits(out) - want).max(), TOL)
+            # a model file, an adapter for another architecture, a missing lora_b: one-line errors
+            bad_arch = os.path.join(tmp, "llama.gguf")
+            G.write(bad_arch, [("general.architecture", G.STRING, "llama")] + kvs[1:], tensors)
+            no_b = os.path.join(tmp, "no_b.gguf")
+            G.write(no_b, kvs, tensors[:1])
+            model = os.path.join(tmp, "model.gguf")
+            subprocess.run([DORY, "convert", Lora.base, model, "--type", "f32", "-q"], check=True,
+                           capture_output=True)
+            for spec, msg in ((bad_arch, "not for dory"), (no_b, "no lora_b"), (model, "not a LoRA adapter")):
+                rr = subprocess.run([DORY, "logits", "-m", Lora.base, "--ids", "1,2", "-o",
+                                     os.path.join(tmp, "x.npy"), "--lora", spec], capture_output=True, text=True)
+                self.assertEqual(rr.returncode, 1, spec)
+                self.assertIn(msg, rr.stderr)
+                self.assertEqual(len(rr.stderr.strip().splitlines()), 1, rr.stderr)
+        finally:
+            Lora.tearDownClass()
+
+
+if __name__ == "__main__":
+    unittest.main()
