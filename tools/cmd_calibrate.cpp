@@ -15,15 +15,15 @@
 #include <numeric>
 #include <random>
 
+#include "backend/backend.h"
+#include "backend/cpu/exact_rows.h"
 #include "commands.h"
 #include "common.h"
 #include "convert.h"
 #include "format/mapped_file.h"
-#include "backend/cpu/exact_rows.h"
 #include "model/turbo.h"
 #include "model/weights.h"
 #include "model_text.h"
-#include "backend/backend.h"
 
 namespace dory::cli {
 
@@ -43,7 +43,9 @@ struct CalibrateOpts {
 };
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // Orthonormalizes the r rows of Q (each n long) in place (modified Gram-Schmidt).
 void orthonormalize(std::vector<double>& Q, int64_t n, int r) {
@@ -64,8 +66,8 @@ void orthonormalize(std::vector<double>& Q, int64_t n, int r) {
 
 // Mean and top-r principal basis (rows, orthonormal) of the rows of X [n x d]
 // selected by `take`, by orthogonal iteration on their covariance.
-void topology(const std::vector<float>& X, int64_t d, const std::vector<bool>& take, int r, Backend& be,
-              std::vector<float>* mean, std::vector<float>* basis) {
+void topology(const std::vector<float>& X, int64_t d, const std::vector<bool>& take, int r,
+              Backend& be, std::vector<float>* mean, std::vector<float>* basis) {
   const int64_t n = static_cast<int64_t>(take.size());
   std::vector<double> mu(d, 0.0);
   int64_t cnt = 0;
@@ -117,7 +119,8 @@ void topology(const std::vector<float>& X, int64_t d, const std::vector<bool>& t
 
 // Logistic regression of y on the columns of X [n x d] (class-balanced), plain
 // gradient descent; returns the d weights (the intercept only shifts the score).
-std::vector<float> logistic(const std::vector<double>& X, const std::vector<uint8_t>& y, int64_t d) {
+std::vector<float> logistic(const std::vector<double>& X, const std::vector<uint8_t>& y,
+                            int64_t d) {
   const int64_t n = static_cast<int64_t>(y.size());
   const double pos = std::max<double>(1, std::count(y.begin(), y.end(), 1));
   const double neg = std::max<double>(1, double(n) - pos);
@@ -137,7 +140,9 @@ std::vector<float> logistic(const std::vector<double>& X, const std::vector<uint
   return std::vector<float>(w.begin(), w.begin() + d);
 }
 
-std::vector<int32_t> enc(const Tokenizer& tok, const std::string& s) { return tok.encode(s, false, false); }
+std::vector<int32_t> enc(const Tokenizer& tok, const std::string& s) {
+  return tok.encode(s, false, false);
+}
 
 int run_calibrate(const CalibrateOpts& o) {
   const auto t0 = Clock::now();
@@ -147,17 +152,19 @@ int run_calibrate(const CalibrateOpts& o) {
   const std::string text = read_text_file(o.text);
   std::vector<int32_t> ids = enc(*m.tok, text);
   if (static_cast<int64_t>(ids.size()) < std::max<int64_t>(1024, o.prompt_length + 16))
-    throw Error(o.text + ": " + std::to_string(ids.size()) + " tokens; calibration needs at least " +
+    throw Error(o.text + ": " + std::to_string(ids.size()) +
+                " tokens; calibration needs at least " +
                 std::to_string(std::max<int64_t>(1024, o.prompt_length + 16)));
   const O1Params o1 = parse_o1(o.o1);
   if (!o1.on) throw Error("--o1: calibration needs a far field (m,w,sink,seal)");
   if (o.prompt_length <= o1.seal + o1.w + 64)
-    throw Error("--prompt-length " + std::to_string(o.prompt_length) + " must exceed the seal plus the window (" +
-                std::to_string(o1.seal + o1.w + 64) + ")");
+    throw Error("--prompt-length " + std::to_string(o.prompt_length) +
+                " must exceed the seal plus the window (" + std::to_string(o1.seal + o1.w + 64) +
+                ")");
   const int64_t ctx = c.max_positions > 0 ? c.max_positions : 4096;
   if (o.prompt_length >= ctx)
-    throw Error("--prompt-length " + std::to_string(o.prompt_length) + " must be below the model's context " +
-                std::to_string(ctx));
+    throw Error("--prompt-length " + std::to_string(o.prompt_length) +
+                " must be below the model's context " + std::to_string(ctx));
   SessionOptions base = o.run.session();
   base.kv = KvMode::LastLoop;
   base.gate = GateParams{};
@@ -172,8 +179,8 @@ int run_calibrate(const CalibrateOpts& o) {
   const int64_t H = c.hidden;
   std::vector<float> states, p1;
   std::vector<bool> easy;
-  std::fprintf(stderr, "router: %lld tokens of %s, %d loops, last_loop\n", (long long)n_tok, o.text.c_str(),
-               probe_loops.loops());
+  std::fprintf(stderr, "router: %lld tokens of %s, %d loops, last_loop\n", (long long)n_tok,
+               o.text.c_str(), probe_loops.loops());
   for (int64_t b = 0; b < n_tok;) {
     Session s(pool, base);
     const int64_t n = std::min<int64_t>(ctx - 1, n_tok - b);
@@ -193,14 +200,16 @@ int run_calibrate(const CalibrateOpts& o) {
     std::nth_element(sorted_p1.begin(), sorted_p1.begin() + n_tok / 2, sorted_p1.end());
     const float med = sorted_p1[n_tok / 2];
     std::fprintf(stderr,
-                 "router: %lld of %lld tokens agree after one pass, too few on one side for rank %d; easy = the "
+                 "router: %lld of %lld tokens agree after one pass, too few on one side for rank "
+                 "%d; easy = the "
                  "%s half by the first read-out's top probability instead\n",
                  (long long)n_easy, (long long)n_tok, o.rank, "surer");
     for (int64_t i = 0; i < n_tok; ++i) easy[i] = p1[i] > med;
     n_easy = std::count(easy.begin(), easy.end(), true);
     if (n_easy < o.rank + 2 || n_tok - n_easy < o.rank + 2)
-      throw Error("router: " + std::to_string(n_easy) + " easy and " + std::to_string(n_tok - n_easy) +
-                  " hard tokens; each needs more than the rank (" + std::to_string(o.rank) + "); give more text");
+      throw Error("router: " + std::to_string(n_easy) + " easy and " +
+                  std::to_string(n_tok - n_easy) + " hard tokens; each needs more than the rank (" +
+                  std::to_string(o.rank) + "); give more text");
   }
   Turbo turbo;
   Router& r = turbo.router;
@@ -216,20 +225,24 @@ int run_calibrate(const CalibrateOpts& o) {
   const double share = o.exit_share >= 0 ? o.exit_share : double(n_easy) / double(n_tok);
   std::vector<double> sorted = score;
   std::sort(sorted.begin(), sorted.end(), std::greater<double>());
-  const int64_t k = std::clamp<int64_t>(static_cast<int64_t>(std::llround(share * n_tok)), 1, n_tok);
+  const int64_t k =
+      std::clamp<int64_t>(static_cast<int64_t>(std::llround(share * n_tok)), 1, n_tok);
   r.bias = sorted[k - 1];
   int64_t out_easy = 0, out = 0;
   for (int64_t i = 0; i < n_tok; ++i)
     if (score[i] >= r.bias) ++out, out_easy += easy[i];
   std::fprintf(stderr,
-               "router: %lld easy / %lld hard tokens, rank %lld; bias %.4f lets %.1f%% out after one pass, %.1f%% "
+               "router: %lld easy / %lld hard tokens, rank %lld; bias %.4f lets %.1f%% out after "
+               "one pass, %.1f%% "
                "of them easy (base rate %.1f%%)\n",
                (long long)n_easy, (long long)(n_tok - n_easy), (long long)r.rank_easy, r.bias,
-               100.0 * out / n_tok, 100.0 * out_easy / std::max<int64_t>(out, 1), 100.0 * n_easy / n_tok);
+               100.0 * out / n_tok, 100.0 * out_easy / std::max<int64_t>(out, 1),
+               100.0 * n_easy / n_tok);
 
   // 2. The exact-row weights, from prompts with a planted fact.
   const std::string intro =
-      "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it.\n";
+      "There is an important piece of information hidden inside a lot of irrelevant text. Find it "
+      "and memorize it.\n";
   const std::vector<int32_t> intro_ids = m.tok->encode(intro, true);
   const std::vector<int32_t> q_ids = enc(*m.tok, "What is the pass key? The pass key is");
   const int64_t nf = full_layer_count(c), nk = c.n_kv_head, dfe = 2 * nk;
@@ -245,13 +258,13 @@ int run_calibrate(const CalibrateOpts& o) {
   std::vector<int> full_index(c.n_layer, -1);
   for (int64_t l = 0, i = 0; l < c.n_layer; ++l)
     if (c.pattern[l] == '*') full_index[l] = static_cast<int>(i++);
-  std::fprintf(stderr, "exact rows: %d prompts of %lld tokens with a planted pass key, o1 %s\n", o.prompts,
-               (long long)o.prompt_length, o1.str().c_str());
+  std::fprintf(stderr, "exact rows: %d prompts of %lld tokens with a planted pass key, o1 %s\n",
+               o.prompts, (long long)o.prompt_length, o1.str().c_str());
   for (int p = 0; p < o.prompts; ++p) {
     std::string key;
     for (int i = 0; i < 5; ++i) key += static_cast<char>('0' + rng() % 10);
-    const auto pre = enc(*m.tok, "The pass key is "), kk = enc(*m.tok, key), mid = enc(*m.tok, ". Remember it. "),
-               post = enc(*m.tok, " is the pass key.\n");
+    const auto pre = enc(*m.tok, "The pass key is "), kk = enc(*m.tok, key),
+               mid = enc(*m.tok, ". Remember it. "), post = enc(*m.tok, " is the pass key.\n");
     std::vector<int32_t> needle;
     std::vector<int64_t> fact;  // offsets of the key's tokens within the needle
     auto add = [&](const std::vector<int32_t>& v, bool is_fact) {
@@ -261,11 +274,14 @@ int run_calibrate(const CalibrateOpts& o) {
       }
     };
     add(pre, false), add(kk, true), add(mid, false), add(kk, true), add(post, false);
-    const int64_t fill = o.prompt_length - static_cast<int64_t>(intro_ids.size() + needle.size() + q_ids.size());
+    const int64_t fill =
+        o.prompt_length - static_cast<int64_t>(intro_ids.size() + needle.size() + q_ids.size());
     const int64_t start = static_cast<int64_t>(rng() % (ids.size() - fill));
     // The key somewhere past the seal's first window and before the last window.
-    const int64_t lo = o1.sink + 32, hi = o.prompt_length - o1.w - static_cast<int64_t>(needle.size()) - 64;
-    const int64_t at = lo + static_cast<int64_t>(rng() % std::max<int64_t>(1, hi - lo)) - static_cast<int64_t>(intro_ids.size());
+    const int64_t lo = o1.sink + 32,
+                  hi = o.prompt_length - o1.w - static_cast<int64_t>(needle.size()) - 64;
+    const int64_t at = lo + static_cast<int64_t>(rng() % std::max<int64_t>(1, hi - lo)) -
+                       static_cast<int64_t>(intro_ids.size());
     std::vector<int32_t> prompt(intro_ids);
     prompt.insert(prompt.end(), ids.begin() + start, ids.begin() + start + at);
     const int64_t needle_at = static_cast<int64_t>(prompt.size());
@@ -280,7 +296,8 @@ int run_calibrate(const CalibrateOpts& o) {
       for (int64_t j = f.lo; j < f.hi; ++j) {
         bool y = false;
         for (int64_t x : fact) y |= j == needle_at + x;
-        X[li].insert(X[li].end(), f.f.begin() + (j - f.lo) * dfe, f.f.begin() + (j - f.lo + 1) * dfe);
+        X[li].insert(X[li].end(), f.f.begin() + (j - f.lo) * dfe,
+                     f.f.begin() + (j - f.lo + 1) * dfe);
         Y[li].push_back(y);
       }
     }
@@ -289,7 +306,8 @@ int run_calibrate(const CalibrateOpts& o) {
   std::fputc('\n', stderr);
   turbo.exact_weights.assign(nf * dfe, 0.0f);
   for (int64_t li = 0; li < nf; ++li) {
-    if (Y[li].empty()) throw Error("exact rows: no far rows were seen (is the prompt longer than the seal?)");
+    if (Y[li].empty())
+      throw Error("exact rows: no far rows were seen (is the prompt longer than the seal?)");
     const std::vector<float> w = logistic(X[li], Y[li], dfe);
     std::copy(w.begin(), w.end(), turbo.exact_weights.begin() + li * dfe);
     // How the fact's rows rank under the fitted score, against the mean rank.
@@ -301,7 +319,9 @@ int run_calibrate(const CalibrateOpts& o) {
     const std::vector<double> rs = rank_shares(sc);
     for (size_t i = 0; i < Y[li].size(); ++i)
       if (Y[li][i]) rank_sum += rs[i], ++np;
-    std::fprintf(stderr, "  full layer %lld: the fact's rows rank at %.2f on average (0.50 = chance) over %zu rows\n",
+    std::fprintf(stderr,
+                 "  full layer %lld: the fact's rows rank at %.2f on average (0.50 = chance) over "
+                 "%zu rows\n",
                  (long long)li, np ? rank_sum / np : 0.0, Y[li].size());
   }
   turbo.o1 = o1;
@@ -317,38 +337,46 @@ int run_calibrate(const CalibrateOpts& o) {
   co.threads = o.run.threads;
   co.quiet = true;
   convert_to_gguf(co, false);
-  std::fprintf(stderr, "wrote %s: exit bias %.4f, o1 %s, exact budget %lld, router rank %lld/%lld (%.1f s)\n",
-               o.out.c_str(), r.bias, o1.str().c_str(), (long long)o.budget, (long long)r.rank_easy,
-               (long long)r.rank_hard, since(t0));
+  std::fprintf(
+      stderr,
+      "wrote %s: exit bias %.4f, o1 %s, exact budget %lld, router rank %lld/%lld (%.1f s)\n",
+      o.out.c_str(), r.bias, o1.str().c_str(), (long long)o.budget, (long long)r.rank_easy,
+      (long long)r.rank_hard, since(t0));
   return 0;
 }
 
 }  // namespace
 
 Runner add_calibrate(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "calibrate",
-      "fit a turbo model file (recon router, exit bias, far field and exact-row defaults) from the model's own "
-      "activations on a text");
+  auto* cmd = app.add_subcommand("calibrate",
+                                 "fit a turbo model file (recon router, exit bias, far field and "
+                                 "exact-row defaults) from the model's own "
+                                 "activations on a text");
   auto o = std::make_shared<CalibrateOpts>();
   cmd->add_option("-m,--model", o->run.model, kModelHelp);
-  cmd->add_option("-t,--threads", o->run.threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
+  add_hf_opt(cmd, o->run);
+  cmd->add_option("-t,--threads", o->run.threads, "threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
   add_device_opt(cmd, o->run);
   cmd->add_option("--loops", o->run.loops, "recurrent passes (default: the model's; at least 2)")
       ->check(CLI::Range(2, 16));
   cmd->add_option("-f,--file", o->text, "calibration text (plain UTF-8)")->required();
-  cmd->add_option("-o,--output", o->out, "output .gguf: the model with its turbo keys and tensors")->required();
-  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json or its directory (default: the model's)");
+  cmd->add_option("-o,--output", o->out, "output .gguf: the model with its turbo keys and tensors")
+      ->required();
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "tokenizer.json or its directory (default: the model's)");
   cmd->add_option("--tokens", o->tokens, "tokens of the text for the router")
       ->check(CLI::Range(int64_t(256), int64_t(1) << 24))
       ->capture_default_str();
   cmd->add_option("--rank", o->rank, "rank of each router topology's basis")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  cmd->add_option("--exit-share", o->exit_share,
-                  "one-pass share the exit bias aims at (default: the share of easy tokens in the text)")
+  cmd->add_option(
+         "--exit-share", o->exit_share,
+         "one-pass share the exit bias aims at (default: the share of easy tokens in the text)")
       ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--o1", o->o1, "far field defaults m,w,sink,seal for the file (and the fit)")->capture_default_str();
+  cmd->add_option("--o1", o->o1, "far field defaults m,w,sink,seal for the file (and the fit)")
+      ->capture_default_str();
   cmd->add_option("--exact-budget", o->budget, "exact rows per full-attention slot for the file")
       ->check(CLI::Range(int64_t(1), int64_t(8192)))
       ->capture_default_str();

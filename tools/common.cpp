@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "dory/error.h"
+#include "hub.h"
 
 namespace dory::cli {
 
@@ -38,11 +39,24 @@ std::string default_model_path() {
 }
 
 std::string RunOpts::model_path() const {
+  if (!hf.empty()) {
+    if (!model.empty()) throw Error("give -m or -hf, not both");
+    if (hf_path_.empty()) hf_path_ = hub_pull(hf, HubOptions::from_env()).path;
+    return hf_path_;
+  }
   return model.empty() ? default_model_path() : model;
+}
+
+void add_hf_opt(CLI::App* app, RunOpts& o) {
+  app->add_option(
+      "--hf", o.hf,
+      "(also -hf) a model from the Hugging Face Hub, ORG/NAME[:QUANT], fetched into its cache as "
+      "dory pull does (instead of -m)");
 }
 
 void add_run_opts(CLI::App* app, RunOpts& o) {
   app->add_option("-m,--model", o.model, kModelHelp);
+  add_hf_opt(app, o);
   app->add_option("-t,--threads", o.threads, "threads (default: all cores)")
       ->check(CLI::Range(1, 1024));
   app->add_option("--loops", o.loops, "recurrent passes per token, 1..16 (default: the model's)")

@@ -7,8 +7,8 @@
 
 #include "backend/backend.h"
 #include "dory/backend.h"
-#include "dory/model.h"
 #include "dory/generate.h"
+#include "dory/model.h"
 #include "dory/session.h"
 #include "runtime/sampler.h"
 
@@ -17,27 +17,29 @@ namespace dory::cli {
 // Options every model-running subcommand shares.
 struct RunOpts {
   std::string model;  // "" = the built-in model (default_model_path())
-  int threads = 0;  // 0 = all cores
-  int loops = 0;    // 0 = the model's
-  std::string kv;   // "" = the model's
+  std::string hf;     // -hf ORG/NAME[:QUANT]: fetched through tools/hub.h
+  int threads = 0;    // 0 = all cores
+  int loops = 0;      // 0 = the model's
+  std::string kv;     // "" = the model's
   int chunk = 64;
-  int prompt_loops = -1;  // -1 = the model file's
-  std::string gate;       // "" = the model file's
-  std::string o1;         // "" = the model file's
-  std::string rectify;    // "" = aggregate
-  std::string exact;      // "" = the model file's
-  std::string spill;      // "" = RAM
+  int prompt_loops = -1;               // -1 = the model file's
+  std::string gate;                    // "" = the model file's
+  std::string o1;                      // "" = the model file's
+  std::string rectify;                 // "" = aggregate
+  std::string exact;                   // "" = the model file's
+  std::string spill;                   // "" = RAM
   bool mmap = false, no_mmap = false;  // --mmap (the default) / --no-mmap
-  std::string device = "auto";        // --device cpu|cuda|auto
-  std::string skill;                  // --skill ID|none (CMF files)
-  std::vector<std::string> lora;      // --lora FILE[:SCALE], repeatable
+  std::string device = "auto";         // --device cpu|cuda|auto
+  std::string skill;                   // --skill ID|none (CMF files)
+  std::vector<std::string> lora;       // --lora FILE[:SCALE], repeatable
   WeightPlacement placement() const;
   BackendOptions backend_options() const;
   // The backend --device names, with the model on it.
   std::shared_ptr<Backend> open(std::shared_ptr<const Model> model) const;
   SessionOptions session() const;
   int n_threads() const;
-  std::string model_path() const;  // model, or the built-in one
+  std::string model_path() const;  // model, the -hf download, or the built-in one
+  mutable std::string hf_path_;    // -hf's local path once fetched
 };
 
 // The built-in model, models/dory-mini: $DORY_MODEL if set, else beside the binary
@@ -47,6 +49,8 @@ std::string default_model_path();
 // What -m says in --help.
 extern const char* const kModelHelp;
 void add_run_opts(CLI::App* app, RunOpts& o);
+// -hf ORG/NAME[:QUANT] (add_run_opts has it; for commands that add -m themselves).
+void add_hf_opt(CLI::App* app, RunOpts& o);
 // --device alone (for commands that take few of the run options).
 void add_device_opt(CLI::App* app, RunOpts& o);
 
@@ -93,6 +97,7 @@ std::string gate_summary(const Session& s);
 std::string backend_text(const Session& s);
 // fn(a0, a1) over about host_threads * 4 ranges of [0, n), each at least `grain` long, on
 // the backend's host threads (host work: dory calibrate's covariance).
-void parallel_ranges(Backend& be, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+void parallel_ranges(Backend& be, int64_t n, int64_t grain,
+                     const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace dory::cli

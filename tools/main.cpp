@@ -2,10 +2,10 @@
 // turns every user-facing error into one line on stderr and exit code 1.
 #include <malloc.h>
 
-#include <cstdio>
 #include <algorithm>
-#include <vector>
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "dory/error.h"
@@ -62,13 +62,19 @@ int main(int argc, char** argv) {
       "                   kernel set (default: the best this CPU runs; `dory info` names it)\n"
       "  DORY_BF16_INPUT=float|bf16\n"
       "                   products on BF16 weights: input kept float, or rounded to bf16 (the\n"
-      "                   default where the CPU has AVX512_BF16, as llama.cpp does)");
+      "                   default where the CPU has AVX512_BF16, as llama.cpp does)\n"
+      "  HF_TOKEN, HF_ENDPOINT, HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE=1\n"
+      "                   dory pull and -hf: Hub token, mirror, cache folder, cache only");
   auto cmds = dory::cli::registered_commands();
   std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
   std::vector<dory::cli::Runner> runners;
   for (const auto& c : cmds) runners.push_back(c.add(app));
+  // llama.cpp's spelling -hf (CLI11 would read it as -h -f) is --hf.
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i)
+    args.push_back(std::string(argv[i]) == "-hf" ? "--hf" : argv[i]);
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
