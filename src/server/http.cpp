@@ -18,6 +18,10 @@
 
 namespace dory::server {
 
+// The chat page (src/server/chat_page.html, embedded by CMakeLists.txt).
+extern const unsigned char kChatPage[];
+extern const unsigned long kChatPageSize;
+
 namespace {
 
 constexpr auto kPoll = std::chrono::milliseconds(50);  // how often a waiting request looks at its client
@@ -178,7 +182,8 @@ json HttpServer::Impl::model_card() const {
 void HttpServer::Impl::routes() {
   // Authentication, and 503 while the model loads, before any route runs.
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // The chat page holds no data: it loads without a key, and asks for one for the API.
+    if (req.path == "/health" || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;
     if (!opts.api_key.empty()) {
       std::string given = req.get_header_value("Authorization");
       if (given.rfind("Bearer ", 0) == 0) given = given.substr(7);
@@ -247,6 +252,9 @@ void HttpServer::Impl::routes() {
     };
   };
 
+  svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(reinterpret_cast<const char*>(kChatPage), kChatPageSize, "text/html; charset=utf-8");
+  });
   svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (!ready.load(std::memory_order_acquire)) return send_json(res, 503, {{"status", "loading"}});
     const EngineStats s = engine->stats();
