@@ -268,23 +268,51 @@ class Hub {
       if (!f) throw Error("cannot write " + tmp);
       int st = 0;
       bool write_failed = false;
-      auto res = cli_.Get(
-          path, h,
-          [&](const httplib::Response& r) {
-            st = r.status;
-            if (r.status == 200 && have > 0) {  // the server ignored the range: start over
-              std::fclose(f);
-              f = std::fopen(tmp.c_str(), "wb");
-              have = 0;
-            }
-            return (r.status == 200 || r.status == 206) && f;
-          },
-          [&](const char* d, size_t n) {
-            if (std::fwrite(d, 1, n, f) != n) return write_failed = true, false;
-            have += n;
-            bar.update(have);
-            return true;
-          });
+      // Redirects by hand: the Hub sends LFS files to another host (its CDN, presigned URLs),
+      // which must not get the token (as huggingface_hub, through requests, drops it).
+      std::string base = o_.endpoint, p = path, loc;
+      httplib::Result res{nullptr, httplib::Error::Unknown};
+      for (int hop = 0; hop < 8; ++hop) {
+        httplib::Client c(base);
+        c.set_follow_location(false);
+        c.set_connection_timeout(15);
+        c.set_read_timeout(60);
+        httplib::Headers hh = base == o_.endpoint ? h : httplib::Headers{};
+        if (base != o_.endpoint && have > 0)
+          hh.emplace("Range", "bytes=" + std::to_string(have) + "-");
+        loc.clear();
+        res = c.Get(
+            p, hh,
+            [&](const httplib::Response& r) {
+              st = r.status;
+              if (r.status >= 300 && r.status < 400) {
+                loc = r.get_header_value("Location");
+                return false;
+              }
+              if (r.status == 200 && have > 0) {  // the server ignored the range: start over
+                std::fclose(f);
+                f = std::fopen(tmp.c_str(), "wb");
+                have = 0;
+              }
+              return (r.status == 200 || r.status == 206) && f;
+            },
+            [&](const char* d, size_t n) {
+              if (std::fwrite(d, 1, n, f) != n) return write_failed = true, false;
+              have += n;
+              bar.update(have);
+              return true;
+            });
+        if (loc.empty()) break;
+        if (loc.rfind("http://", 0) == 0 || loc.rfind("https://", 0) == 0) {
+          const size_t slash = loc.find('/', loc.find("//") + 2);
+          base = slash == std::string::npos ? loc : loc.substr(0, slash);
+          p = slash == std::string::npos ? "/" : loc.substr(slash);
+        } else if (!loc.empty() && loc[0] == '/') {
+          p = loc;
+        } else {
+          throw Error(repo + "/" + s.name + ": the Hub redirected to '" + loc + "'");
+        }
+      }
       if (f) std::fclose(f);
       if (write_failed) throw Error("cannot write " + tmp + " (disk full?)");
       if (res && st != 200 && st != 206) status(repo, st, s.name);

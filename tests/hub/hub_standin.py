@@ -9,7 +9,9 @@
 Repositories are dicts {"files": {name: bytes}, "gated": token or None, "lie": {name: bytes}}:
 `lie` serves other bytes than the ones whose hash the API reports (a corrupted download).
 `drop_once` names files whose first blob request is cut off halfway (connection closed).
-Every request is logged in `log` as (method, path, Range header or None).
+A repository with "cdn": True redirects to its blobs by an absolute URL on another host name
+(localhost for 127.0.0.1), as the Hub sends LFS files to its CDN. Every request is logged in
+`log` as (method, path, Range header or None, Authorization header or None).
 """
 import hashlib
 import json
@@ -51,7 +53,7 @@ class Hub:
                 self.wfile.write(body)
 
             def do_GET(self):
-                hub.log.append(("GET", self.path, self.headers.get("Range")))
+                hub.log.append(("GET", self.path, self.headers.get("Range"), self.headers.get("Authorization")))
                 path = self.path.split("?")[0]
                 parts = path.strip("/").split("/")
                 if parts[:2] == ["api", "models"] and len(parts) == 6 and parts[4] == "revision":
@@ -87,7 +89,10 @@ class Hub:
                 if not self.authorized(repo):
                     return self.send(401, b"restricted")
                 data = hub.repos[repo]["files"][name]
-                self.send(302, b"", [("Location", "/blobs/" + hub.blob_name(data)), ("X-Repo-Commit", COMMIT)])
+                where = "/blobs/" + hub.blob_name(data)
+                if hub.repos[repo].get("cdn"):
+                    where = "http://localhost:%d%s" % (hub.server.server_address[1], where)
+                self.send(302, b"", [("Location", where), ("X-Repo-Commit", COMMIT)])
 
             def blob(self, h):
                 if h not in hub.blobs:

@@ -52,7 +52,7 @@ class Pull(unittest.TestCase):
             "org/tiny-GGUF": {"files": {"tiny-Q8_0.gguf": cls.q8, "tiny-Q4_0.gguf": cls.q40,
                                         "README.md": b"# tiny\n"}},
             "org/tiny": {"files": dict(st, **{"README.md": b"# tiny safetensors\n"})},
-            "org/gated-GGUF": {"files": {"g-Q8_0.gguf": cls.q8}, "gated": "secret"},
+            "org/gated-GGUF": {"files": {"g-Q8_0.gguf": cls.q8}, "gated": "secret", "cdn": True},
             "org/bad-GGUF": {"files": {"b-Q8_0.gguf": cls.other}, "lie": {"b-Q8_0.gguf": bytes(bad)}},
         })
 
@@ -167,9 +167,14 @@ class Pull(unittest.TestCase):
         self.one_line_error(r, "HF_TOKEN")
         r = self.pull("org/gated-GGUF:Q8_0", HF_TOKEN="wrong")
         self.one_line_error(r, "no access")
+        del self.hub.log[:]
         r = self.pull("org/gated-GGUF:Q8_0", HF_TOKEN="secret")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(open(r.stdout.strip(), "rb").read(), self.q8)
+        # The token goes to the Hub, not to the other host its download redirects to.
+        self.assertEqual([x[3] for x in self.hub.requests("/api/")], ["Bearer secret"])
+        self.assertEqual([x[3] for x in self.hub.requests("/org/")], ["Bearer secret"])
+        self.assertEqual([x[3] for x in self.hub.requests("/blobs/")], [None])
 
     def test_no_matching_quant_lists_what_exists(self):
         r = self.pull("org/tiny-GGUF:Q6_K")
