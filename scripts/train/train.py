@@ -369,6 +369,60 @@ def self_check(sd, model_dir, val_stream):
 
 
 # ---------------------------------------------------------------------------------------
+# The task suite (tasks.py): ChatML question/answer items packed into training rows, the
+# answers weighted, and greedy accuracy by loop count at the end.
+
+
+class TaskRows:
+    def __init__(self, tok, items):
+        import tasks as TS
+        full = tok.encode_batch([TS.chatml(it) for it in items], add_special_tokens=False)
+        head = tok.encode_batch([TS.chatml(it, answer=False) for it in items], add_special_tokens=False)
+        self.items = [(np.asarray(f.ids, dtype=np.int64), len(h.ids)) for f, h in zip(full, head)]
+
+    def row(self, rng, T):
+        """T + 1 ids: <|endoftext|> item <|endoftext|> item ..., and the answer positions."""
+        ids, ans = [EOT], []
+        while len(ids) < T + 1:
+            it, a0 = self.items[rng.randrange(len(self.items))]
+            base = len(ids)
+            ids.extend(it.tolist())
+            ids.append(EOT)
+            ans.extend(range(base + a0, base + len(it)))
+        return np.asarray(ids[:T + 1], dtype=np.int64), [p for p in ans if p <= T]
+
+
+@torch.no_grad()
+def eval_tasks(model, tok, items, loops, max_new=16):
+    """Greedy answers to held-out task items through the chat template: fraction exactly right,
+    per task and in all."""
+    import tasks as TS
+    model.eval()
+    per = {}
+    for it in items:
+        ids = [EOT] + tok.encode(TS.chatml(it, answer=False), add_special_tokens=False).ids
+        out = []
+        for _ in range(max_new):
+            x = torch.as_tensor([ids + out], device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                nxt = int(model.forward_any(x, loops)[0, -1].argmax())
+            if nxt in (EOT, IM_END):
+                break
+            out.append(nxt)
+        ok = tok.decode(out).strip() == it["a"]
+        n, k = per.get(it["task"], (0, 0))
+        per[it["task"]] = (n + 1, k + ok)
+    model.train()
+    res = {t: k / n for t, (n, k) in per.items()}
+    res["all"] = sum(k for n, k in per.values()) / max(1, sum(n for n, k in per.values()))
+    return res
+
+
+def loop_choices_at(step, steps):
+    """The loop-count curriculum: 1-2 passes for the first quarter of training, 1-3 for the
+    second, 1-4 after; one count per step for the whole batch, as Dory's training draws it."""
+    f = step / max(1, steps)
+    return [1, 2] if f < 0.25 else [1, 2, 2, 3] if f < 0.5 else [1, 2, 2, 3, 4, 4]
 
 
 def main():
@@ -381,6 +435,8 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--passkey-share", type=float, default=0.4)
+    ap.add_argument("--task-share", type=float, default=0.3,
+                    help="share of each batch's rows packed with task-suite items (tasks.py)")
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--minutes", type=float, default=8.0,
                     help="stop training (and export) after this long even if steps remain")
@@ -407,6 +463,17 @@ def main():
     log(f"tokens: train {len(train_stream):,}, val {len(val_stream):,}")
     pk_train = PassKeys(tok, train_stream, rng, 3000, 300, args.ctx - 8)
     pk_val = PassKeys(tok, val_stream, random.Random(11), 1, 300, 1000)
+    import tasks as TS
+    task_val = TS.items(200, 2)
+    held = frozenset(x["q"] for x in task_val)
+    tpath = os.path.join(args.data, "tasks_train.jsonl.gz")
+    if os.path.exists(tpath):
+        with gzip.open(tpath, "rt") as f:
+            task_train = [json.loads(line) for line in f]
+    else:
+        task_train = TS.items(100000, 1, held)
+    task_rows = TaskRows(tok, task_train)
+    log(f"task suite: {len(task_train)} train items, {len(task_val)} held out")
     log(f"pass-key templates ready ({time.time() - t_start:.0f} s)")
 
     stream_gpu = torch.as_tensor(train_stream, device="cuda")
@@ -432,7 +499,6 @@ def main():
 
     T, B = args.ctx, args.batch
     val_rows = [val_stream[i:i + 1025] for i in range(0, len(val_stream) - 1025, 1025)][:48]
-    loop_choices = [1, 2, 2, 2, 2, 3, 3, 4]
     history, best, result_best = [], (float("inf"), None), None
     t_train = time.time()
     step = 0
@@ -455,7 +521,15 @@ def main():
             if L + 1 <= T:
                 rows[b, L + 1] = EOT
             weights[b, ans:ans + 6] = 8.0  # the answer: the part only retrieval predicts
-        loops = rng.choice(loop_choices)
+        n_task = int(round(B * args.task_share))
+        for b in range(n_pk, min(B, n_pk + n_task)):
+            ids, ans = task_rows.row(rng, T)
+            rows[b] = torch.as_tensor(ids, device="cuda")
+            weights[b] = 1.0
+            if ans:
+                # weights[b, j] weighs the prediction of rows[b, j + 1]
+                weights[b, torch.as_tensor([p - 1 for p in ans], device="cuda")] = 4.0
+        loops = rng.choice(loop_choices_at(step, args.steps))
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(rows[:, :-1], loops)
         loss_tok = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
@@ -495,6 +569,10 @@ def main():
         vl = eval_loss(model, val_rows, lp)
         result[f"val_ppl_loops{lp}"] = math.exp(vl)
         log(f"val ppl loops={lp}: {math.exp(vl):.2f}")
+    for lp in (1, 2, 4):
+        acc = eval_tasks(model, tok, task_val, lp)
+        result[f"tasks_loops{lp}"] = acc
+        log(f"task accuracy loops={lp}: " + ", ".join(f"{k} {v:.2f}" for k, v in acc.items()))
     for length in (1024, 2048, 4000):
         acc = eval_passkey(model, pk_val, random.Random(length), length, 20, 2)
         result[f"passkey_{length}"] = acc

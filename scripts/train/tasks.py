@@ -1,0 +1,102 @@
+#!/usr/bin/python3
+"""The built-in model's task suite: short questions whose answers take several steps of
+computation, so a model that runs its recurrent block more times can answer more of them
+(issue 29). Four tasks, each asked in plain words and answered with the bare result:
+
+  add     "What is 4821 + 397?" -> "5218"              multi-digit addition with carries
+  reverse "Reverse the list: 3 9 1 7 4" -> "4 7 1 9 3"
+  sort    "Sort the list: 8 2 5 2 9" -> "2 2 5 8 9"
+  chain   "Let a = 7. Let b = a + 3. Let c = b - 2. What is c?" -> "8"   following assignments
+
+Difficulty grows with the number of digits, items or assignments (levels 1-4). Items are
+drawn from a seeded generator per split (train seed 1, held-out seed 2, and the held-out
+questions never appear in train: a set of their texts is excluded), so every machine makes the
+same files. Output (JSON lines, {"task", "level", "q", "a"}):
+
+    /usr/bin/python3 scripts/train/tasks.py --out .traindata [--train 200000 --val 400]
+      OUT/tasks_train.jsonl.gz   OUT/tasks_val.jsonl
+
+`chatml(item)` renders an item in the model's chat template (models/dory-mini's ChatML), which
+is how train.py mixes them into training and how task_eval.py asks them.
+"""
+import argparse
+import gzip
+import json
+import os
+import random
+
+TASKS = ("add", "reverse", "sort", "chain")
+
+
+def make(task, level, rng):
+    if task == "add":
+        # level 1: 2-3 digits ... level 4: 5-6 digits; at least one carry from level 2 on.
+        lo, hi = [(10, 999), (100, 9999), (1000, 99999), (10000, 999999)][level - 1]
+        while True:
+            a, b = rng.randint(lo, hi), rng.randint(10, hi)
+            carries = sum(1 for i in range(7) if (a // 10 ** i % 10) + (b // 10 ** i % 10) >= 10)
+            if level == 1 or carries >= 1:
+                break
+        return "What is %d + %d?" % (a, b), str(a + b)
+    if task in ("reverse", "sort"):
+        n = [3, 5, 7, 9][level - 1]
+        xs = [rng.randint(0, 9) for _ in range(n)]
+        ys = list(reversed(xs)) if task == "reverse" else sorted(xs)
+        verb = "Reverse" if task == "reverse" else "Sort"
+        return "%s the list: %s" % (verb, " ".join(map(str, xs))), " ".join(map(str, ys))
+    if task == "chain":
+        n = [2, 3, 4, 6][level - 1]
+        names = rng.sample("abcdefghjkmnpqrstuvwxyz", n)
+        val = rng.randint(1, 9)
+        parts = ["Let %s = %d." % (names[0], val)]
+        for i in range(1, n):
+            k = rng.randint(1, 9)
+            if rng.random() < 0.5 or val - k < 0:
+                val += k
+                parts.append("Let %s = %s + %d." % (names[i], names[i - 1], k))
+            else:
+                val -= k
+                parts.append("Let %s = %s - %d." % (names[i], names[i - 1], k))
+        return " ".join(parts) + " What is %s?" % names[-1], str(val)
+    raise ValueError(task)
+
+
+def items(n, seed, exclude=frozenset()):
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        task = TASKS[len(out) % len(TASKS)]
+        level = 1 + (len(out) // len(TASKS)) % 4
+        q, a = make(task, level, rng)
+        if q in exclude:
+            continue
+        out.append({"task": task, "level": level, "q": q, "a": a})
+    return out
+
+
+def chatml(item, answer=True):
+    s = "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n" % item["q"]
+    return s + item["a"] + "<|im_end|>\n" if answer else s
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--train", type=int, default=200000)
+    ap.add_argument("--val", type=int, default=400)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    val = items(a.val, 2)
+    held = frozenset(x["q"] for x in val)
+    train = items(a.train, 1, held)
+    with gzip.open(os.path.join(a.out, "tasks_train.jsonl.gz"), "wt") as f:
+        for x in train:
+            f.write(json.dumps(x) + "\n")
+    with open(os.path.join(a.out, "tasks_val.jsonl"), "w") as f:
+        for x in val:
+            f.write(json.dumps(x) + "\n")
+    print("tasks: %d train, %d held-out items in %s" % (len(train), len(val), a.out))
+
+
+if __name__ == "__main__":
+    main()
