@@ -446,6 +446,17 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
 
 namespace {
 
+// An adapter's A [rank x cols] and B [rows x rank] decoded to float, kept with the weights,
+// and listed on the matrix they adapt.
+void add_lora(Weights& w, kern::Mat& m, const TensorView& a, const TensorView& b, float scale) {
+  w.decoded.push_back(a.to_f32());
+  const float* pa = w.decoded.back().data();
+  w.decoded.push_back(b.to_f32());
+  const float* pb = w.decoded.back().data();
+  w.loras[&m].push_back(kern::LoraDelta{a.shape[0], scale, pa, pb});
+  m.lora = &w.loras[&m];
+}
+
 bool has_gguf_magic(const std::string& path) {
   char m[4] = {};
   std::FILE* fp = std::fopen(path.c_str(), "rb");
@@ -507,12 +518,7 @@ void apply_gguf_lora(Weights& w, const std::string& spec, const std::string& fil
                   ", " + std::to_string(m.cols) + "]");
     const float scale =
         alpha != 0 ? user * static_cast<float>(alpha / static_cast<double>(a.shape[0])) : user;
-    w.decoded.push_back(a.to_f32());
-    const float* pa = w.decoded.back().data();
-    w.decoded.push_back(b.to_f32());
-    const float* pb = w.decoded.back().data();
-    w.loras[&m].push_back(kern::LoraDelta{a.shape[0], scale, pa, pb});
-    m.lora = &w.loras[&m];
+    add_lora(w, m, a, b, scale);
     ++n_pairs;
   }
   if (n_pairs == 0) throw Error(file + ": no .lora_a/.lora_b tensor pairs");
@@ -581,12 +587,7 @@ void apply_loras(Weights& w, const std::vector<std::string>& specs) {
         throw Error(st + ": '" + name + "' " + shape_str(a.shape) + " and its lora_B " +
                     shape_str(b.shape) + " do not fit '" + module + "' [" + std::to_string(m.rows) +
                     ", " + std::to_string(m.cols) + "]");
-      w.decoded.push_back(a.to_f32());
-      const float* pa = w.decoded.back().data();
-      w.decoded.push_back(b.to_f32());
-      const float* pb = w.decoded.back().data();
-      w.loras[&m].push_back(kern::LoraDelta{a.shape[0], scale, pa, pb});
-      m.lora = &w.loras[&m];
+      add_lora(w, m, a, b, scale);
       ++n_pairs;
     }
     if (n_pairs == 0) throw Error(st + ": no lora_A/lora_B tensor pairs");
