@@ -117,6 +117,24 @@ class Pull(unittest.TestCase):
         # -hf runs the cached file: the same logits as -m on the file itself.
         np.testing.assert_array_equal(self.logits("-hf", "org/tiny-GGUF:Q8_0"), self.logits("-m", self.q8_path))
 
+    def test_a_cache_written_by_huggingface_hub_is_used(self):
+        # huggingface_hub's layout, written here by hand as huggingface-cli would have left it:
+        # blobs named by the LFS SHA-256, a relative link in snapshots/COMMIT, refs/main.
+        d = self.repo_dir("org/tiny-GGUF")
+        sha = hashlib.sha256(self.q40).hexdigest()
+        os.makedirs(os.path.join(d, "blobs"))
+        os.makedirs(os.path.join(d, "snapshots", hub_standin.COMMIT))
+        os.makedirs(os.path.join(d, "refs"))
+        with open(os.path.join(d, "blobs", sha), "wb") as f:
+            f.write(self.q40)
+        os.symlink("../../blobs/" + sha, os.path.join(d, "snapshots", hub_standin.COMMIT, "tiny-Q4_0.gguf"))
+        with open(os.path.join(d, "refs", "main"), "w") as f:
+            f.write(hub_standin.COMMIT)
+        r = self.pull("org/tiny-GGUF:Q4_0")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("0 downloaded", r.stderr)
+        self.assertEqual(self.hub.requests("/blobs/") + self.hub.requests("/org/"), [])
+
     def test_resume_after_dropped_connection_and_after_interruption(self):
         self.hub.drop_file_once(self.q40)
         r = self.pull("org/tiny-GGUF:Q4_0")
