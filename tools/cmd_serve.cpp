@@ -105,8 +105,9 @@ int run_serve(ServeOpts o) {
 Runner add_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "serve",
-      "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, "
-      "/metrics, /tokenize, /detokenize");
+      "OpenAI-compatible HTTP server: a chat page at / (open it in a browser), "
+      "/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize, "
+      "/detokenize");
   auto o = std::make_shared<ServeOpts>();
   o->gen.n_predict = -1;  // a request without max_tokens runs to end of text or the context
   add_run_opts(cmd, o->run);
