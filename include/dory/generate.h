@@ -49,13 +49,16 @@ class Sequence {
 
   // How many leading ids of `prompt` the caches hold already, computed at `loops` passes
   // (at most all but its last id: that one's logits give the first token).
-  size_t reusable(std::span<const int32_t> prompt, int loops) const;
+  // (`lora`: the adapter scales the prompt runs with, Session::set_lora; a prefix computed
+  // with other scales is not reused.)
+  size_t reusable(std::span<const int32_t> prompt, int loops,
+                  const std::vector<float>& lora = {}) const;
   // Makes the session ready for `prompt` (at least one id) at `loops` passes: keeps the
   // reusable prefix and rolls back the rest, or starts a new session when a sliding window
   // or a sealed far field cannot go back that far; tells the session where the prompt ends.
   // Returns the ids kept; the caller feeds prompt[kept..] (forward() or forward_batch(),
   // at most session().next_rows() ids a pass) and reports them with took().
-  size_t start(std::span<const int32_t> prompt, int loops);
+  size_t start(std::span<const int32_t> prompt, int loops, const std::vector<float>& lora = {});
   // Ids the session took (a piece of the prompt, or a sampled token).
   void took(std::span<const int32_t> ids);
   Session& session() { return *session_; }
@@ -68,8 +71,9 @@ class Sequence {
   std::shared_ptr<Backend> backend_;
   SessionOptions opts_;
   std::unique_ptr<Session> session_;
-  std::vector<int32_t> tokens_;  // the ids whose rows the caches hold
-  int tokens_loops_ = 0;         // the loop count they were computed with
+  std::vector<int32_t> tokens_;     // the ids whose rows the caches hold
+  int tokens_loops_ = 0;            // the loop count they were computed with
+  std::vector<float> tokens_lora_;  // and the adapter scales
 };
 
 class TextStream {

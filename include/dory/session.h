@@ -25,7 +25,7 @@ struct BatchEntry {
   Session* session = nullptr;
   std::span<const int32_t> ids;  // fed at the session's position; at most its chunk size
   Logits want = Logits::Last;
-  std::vector<float> logits;     // out: what forward(ids, want) would return
+  std::vector<float> logits;  // out: what forward(ids, want) would return
 };
 
 class Session {
@@ -73,6 +73,10 @@ class Session {
   int64_t position() const;
   int loops() const;
   void set_loops(int loops);  // 1..16, from the next forward on
+  // Each loaded adapter's scale for this session's rows (one per --lora, in order; it
+  // replaces that adapter's --lora scale); empty: the --lora scales. From the next forward on.
+  void set_lora(std::vector<float> scales);
+  const std::vector<float>& lora() const;
   KvMode kv_mode() const;
   uint64_t kv_bytes() const;
   KvBytes kv_bytes_split() const;
@@ -92,7 +96,8 @@ class Session {
 
  private:
   int gated_token(std::span<const int32_t> ids, float* logits);  // returns the passes it ran
-  void run_pass(std::span<const int32_t> ids, const std::vector<Step>& plan, int64_t logit_row0, float* logits);
+  void run_pass(std::span<const int32_t> ids, const std::vector<Step>& plan, int64_t logit_row0,
+                float* logits);
   void rebuild_if_due();
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<SessionState> st_;

@@ -64,6 +64,10 @@ struct PassRows {
   std::span<const int64_t> pos;
   std::span<const int32_t> seq;
   std::span<SeqCaches* const> caches;  // per sequence, made by this backend's new_caches()
+  // Adapter scales per row (rows x the model's adapter count, Weights::adapter_names): row t
+  // applies adapter a at lora[t * n + a] x its alpha / rank. Empty: every --lora at its own
+  // scale. Only the CPU backend runs adapters.
+  std::span<const float> lora;
 };
 
 class Backend {

@@ -448,12 +448,14 @@ namespace {
 
 // An adapter's A [rank x cols] and B [rows x rank] decoded to float, kept with the weights,
 // and listed on the matrix they adapt.
-void add_lora(Weights& w, kern::Mat& m, const TensorView& a, const TensorView& b, float scale) {
+void add_lora(Weights& w, kern::Mat& m, const TensorView& a, const TensorView& b, float scale,
+              float base) {
   w.decoded.push_back(a.to_f32());
   const float* pa = w.decoded.back().data();
   w.decoded.push_back(b.to_f32());
   const float* pb = w.decoded.back().data();
-  w.loras[&m].push_back(kern::LoraDelta{a.shape[0], scale, pa, pb});
+  w.loras[&m].push_back(
+      kern::LoraDelta{a.shape[0], scale, pa, pb, static_cast<int>(w.adapter_names.size()), base});
   m.lora = &w.loras[&m];
 }
 
@@ -516,9 +518,9 @@ void apply_gguf_lora(Weights& w, const std::string& spec, const std::string& fil
       throw Error(file + ": '" + name + "' " + shape_str(a.shape) + " and its lora_b " +
                   shape_str(b.shape) + " do not fit '" + base + "' [" + std::to_string(m.rows) +
                   ", " + std::to_string(m.cols) + "]");
-    const float scale =
-        alpha != 0 ? user * static_cast<float>(alpha / static_cast<double>(a.shape[0])) : user;
-    add_lora(w, m, a, b, scale);
+    const float unit =
+        alpha != 0 ? static_cast<float>(alpha / static_cast<double>(a.shape[0])) : 1.0f;
+    add_lora(w, m, a, b, user * unit, unit);
     ++n_pairs;
   }
   if (n_pairs == 0) throw Error(file + ": no .lora_a/.lora_b tensor pairs");
@@ -541,6 +543,8 @@ void apply_loras(Weights& w, const std::vector<std::string>& specs) {
     }
     if (is_file(file) && has_gguf_magic(file)) {
       apply_gguf_lora(w, spec, file, user);
+      w.adapter_names.push_back(spec);
+      w.adapter_scales.push_back(user);
       continue;
     }
     std::string dir = file, st = file;
@@ -561,7 +565,7 @@ void apply_loras(Weights& w, const std::vector<std::string>& specs) {
                              : r;
     const bool rs = cfg.contains("use_rslora") && cfg["use_rslora"].is_boolean() &&
                     cfg["use_rslora"].get<bool>();
-    const float scale = user * static_cast<float>(alpha / (rs ? std::sqrt(r) : r));
+    const float base = static_cast<float>(alpha / (rs ? std::sqrt(r) : r));
     w.adapter_files.push_back(std::make_unique<SafeTensorsFile>(st));
     const auto& tensors = w.adapter_files.back()->tensors();
     int n_pairs = 0;
@@ -587,10 +591,12 @@ void apply_loras(Weights& w, const std::vector<std::string>& specs) {
         throw Error(st + ": '" + name + "' " + shape_str(a.shape) + " and its lora_B " +
                     shape_str(b.shape) + " do not fit '" + module + "' [" + std::to_string(m.rows) +
                     ", " + std::to_string(m.cols) + "]");
-      add_lora(w, m, a, b, scale);
+      add_lora(w, m, a, b, user * base, base);
       ++n_pairs;
     }
     if (n_pairs == 0) throw Error(st + ": no lora_A/lora_B tensor pairs");
+    w.adapter_names.push_back(spec);
+    w.adapter_scales.push_back(user);
   }
 }
 

@@ -34,10 +34,10 @@ struct LayerWeights {
 // Defaults and fitted tensors a "turbo" model file carries (docs/model.md section 7),
 // each used unless a flag says otherwise.
 struct Turbo {
-  bool present = false;               // the file has any turbo key
-  std::optional<O1Params> o1;         // dory.turbo.o1 = [m, w, sink, seal]
+  bool present = false;        // the file has any turbo key
+  std::optional<O1Params> o1;  // dory.turbo.o1 = [m, w, sink, seal]
   std::optional<int64_t> exact_budget;
-  Router router;                      // empty() when the file has none
+  Router router;  // empty() when the file has none
   // Exact-row weights [n full layers x n_kv_head x 2] (key residual, value norm).
   std::vector<float> exact_weights;
 };
@@ -51,13 +51,15 @@ struct Weights {
   std::vector<std::unique_ptr<cmf::File>> cmf_shards;  // the other shards
   // Tensors decoded at load (CMF dtypes the kernels do not run yet, as F32): the views point here.
   std::vector<std::vector<float>> decoded;
-  std::vector<std::vector<uint8_t>> repacked;  // CMF q8_2f matrices as Q8_0 blocks
+  std::vector<std::vector<uint8_t>> repacked;                   // CMF q8_2f matrices as Q8_0 blocks
   std::vector<std::unique_ptr<SafeTensorsFile>> adapter_files;  // --lora files (kept mapped)
   std::map<const kern::Mat*, std::vector<kern::LoraDelta>> loras;  // what each Mat::lora points at
-  std::vector<TensorView> all;  // every tensor, for info
-  TensorView embd;              // [V, H]
-  kern::Mat lm_head{};          // [V, H]
-  std::vector<float> logit_scale;  // logit_scale / sigma   [V]
+  std::vector<std::string> adapter_names;  // the --lora specs in order (adapter ids 0, 1, ...)
+  std::vector<float> adapter_scales;       // their :SCALE (1 when not given)
+  std::vector<TensorView> all;             // every tensor, for info
+  TensorView embd;                         // [V, H]
+  kern::Mat lm_head{};                     // [V, H]
+  std::vector<float> logit_scale;          // logit_scale / sigma   [V]
   std::vector<LayerWeights> layers;
 };
 
@@ -90,7 +92,8 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
 void apply_loras(Weights& w, const std::vector<std::string>& specs);
 
 // Any of the above, by what path is.
-std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved, const std::string& skill = "");
+std::unique_ptr<Weights> load_weights(const std::string& path, std::string* resolved,
+                                      const std::string& skill = "");
 
 // The tensor names and shapes a config implies, in a stable order.
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const DoryConfig& c);

@@ -41,16 +41,17 @@ void Sequence::reset() {
   tokens_loops_ = session_->loops();
 }
 
-size_t Sequence::reusable(std::span<const int32_t> prompt, int loops) const {
-  if (prompt.empty() || loops != tokens_loops_) return 0;
+size_t Sequence::reusable(std::span<const int32_t> prompt, int loops,
+                          const std::vector<float>& lora) const {
+  if (prompt.empty() || loops != tokens_loops_ || lora != tokens_lora_) return 0;
   size_t keep = 0;
   while (keep < tokens_.size() && keep < prompt.size() && tokens_[keep] == prompt[keep]) ++keep;
   return std::min(keep, prompt.size() - 1);
 }
 
-size_t Sequence::start(std::span<const int32_t> prompt, int loops) {
+size_t Sequence::start(std::span<const int32_t> prompt, int loops, const std::vector<float>& lora) {
   if (prompt.empty()) throw Error("the prompt is empty");
-  size_t keep = reusable(prompt, loops);
+  size_t keep = reusable(prompt, loops, lora);
   try {
     session_->rollback(static_cast<int64_t>(keep));
   } catch (const Error&) {
@@ -59,8 +60,10 @@ size_t Sequence::start(std::span<const int32_t> prompt, int loops) {
     keep = 0;
   }
   if (session_->loops() != loops) session_->set_loops(loops);
+  if (session_->lora() != lora) session_->set_lora(lora);
   tokens_.resize(keep);
   tokens_loops_ = loops;
+  tokens_lora_ = lora;
   session_->prompt_end(static_cast<int64_t>(prompt.size()));
   return keep;
 }

@@ -20,6 +20,15 @@ struct SessionState {
   KvMode kv = KvMode::PerLoop;
   int loops = 1;
   int prompt_loops = 0;
+  std::vector<float> lora;       // per-adapter scales (Session::set_lora); empty: the --lora ones
+  std::vector<float> lora_rows;  // lora repeated for each row of the pass in progress
+  // The rows' scales for a pass of T rows (empty when the session has none of its own).
+  std::span<const float> rows_lora(int64_t T) {
+    lora_rows.clear();
+    for (int64_t t = 0; t < T && !lora.empty(); ++t)
+      lora_rows.insert(lora_rows.end(), lora.begin(), lora.end());
+    return lora_rows;
+  }
   GateParams gate;        // resolved: Off, Conf or Recon
   double recon_bias = 0;  // Recon: the threshold in force
   const Router* router = nullptr;
@@ -29,9 +38,9 @@ struct SessionState {
   int64_t prompt_end = -1;
   bool warned = false;
   int64_t pos = 0;
-  std::map<int, std::vector<Step>> plans;  // whole-token plans by loop count
+  std::map<int, std::vector<Step>> plans;             // whole-token plans by loop count
   std::vector<Step> plan_first, plan_rest, plan_out;  // the gate's pieces
-  std::unique_ptr<SeqCaches> caches;  // on the session's backend
+  std::unique_ptr<SeqCaches> caches;                  // on the session's backend
   ExitTracker tracker;
   GateStats gstats;
   std::vector<int> last_passes;
@@ -40,7 +49,9 @@ struct SessionState {
   const std::vector<Step>& plan(const DoryConfig& c, int loops);
   // Passes a chunk of T rows runs (prompt_loops for chunks nobody reads).
   int chunk_loops(bool logits_wanted) const {
-    return kv == KvMode::LastLoop && prompt_loops > 0 && !logits_wanted ? std::min(loops, prompt_loops) : loops;
+    return kv == KvMode::LastLoop && prompt_loops > 0 && !logits_wanted
+               ? std::min(loops, prompt_loops)
+               : loops;
   }
   bool gated(int64_t T, bool logits_wanted) const {
     return gate.kind != GateParams::Kind::Off && T == 1 && logits_wanted && loops >= 2;
@@ -87,29 +98,35 @@ Session::Session(std::shared_ptr<Backend> backend, SessionOptions opts)
   S.kv = opts.kv.value_or(turbo.present ? KvMode::LastLoop : c.kv_mode);
   S.prompt_loops = opts.prompt_loops.value_or(turbo.present ? 1 : 0);
   if (S.prompt_loops < 0 || S.prompt_loops > kMaxLoops)
-    throw Error("prompt loops " + std::to_string(S.prompt_loops) + " is out of range (0..16, 0 = off)");
+    throw Error("prompt loops " + std::to_string(S.prompt_loops) +
+                " is out of range (0..16, 0 = off)");
   if (S.prompt_loops > 0 && S.kv != KvMode::LastLoop && opts.prompt_loops)
-    throw Error("--prompt-loops needs --kv last_loop: under per_loop a chunk with fewer passes would leave "
-                "holes in the later passes' caches");
+    throw Error(
+        "--prompt-loops needs --kv last_loop: under per_loop a chunk with fewer passes would leave "
+        "holes in the later passes' caches");
   if (S.kv != KvMode::LastLoop) S.prompt_loops = 0;
   S.o1 = opts.o1.value_or(turbo.o1.value_or(O1Params{}));
   S.o1.validate();
   // Exact rows: the option's, else the turbo file's budget with its weights.
   if (opts.exact) {
     S.exact = *opts.exact;
-  } else if (S.o1.on && turbo.exact_budget && *turbo.exact_budget > 0 && !turbo.exact_weights.empty()) {
+  } else if (S.o1.on && turbo.exact_budget && *turbo.exact_budget > 0 &&
+             !turbo.exact_weights.empty()) {
     // (the file's default follows the far field: with --o1 off there is nothing to keep exact)
     S.exact.on = true;
     S.exact.budget = *turbo.exact_budget;
     S.exact.source = "the model file";
   }
   if (S.exact.on) {
-    if (!S.o1.on) throw Error("--exact needs the far field (--o1 m,w,sink,seal): rows are kept exact past its seal");
+    if (!S.o1.on)
+      throw Error(
+          "--exact needs the far field (--o1 m,w,sink,seal): rows are kept exact past its seal");
     if (S.exact.weights.empty()) {
       if (S.exact.source.empty() || S.exact.source == "the model file") {
         if (turbo.exact_weights.empty())
           throw Error("--exact " + std::to_string(S.exact.budget) +
-                      ": the model file has no exact-row weights (give --exact FILE:ROWS, or make them with dory "
+                      ": the model file has no exact-row weights (give --exact FILE:ROWS, or make "
+                      "them with dory "
                       "calibrate)");
         S.exact.weights = turbo.exact_weights;
         S.exact.source = "the model file";
@@ -119,24 +136,30 @@ Session::Session(std::shared_ptr<Backend> backend, SessionOptions opts)
     }
     const int64_t nf = full_layer_count(c);
     if (static_cast<int64_t>(S.exact.weights.size()) != nf * 2 * c.n_kv_head)
-      throw Error("--exact: the weights have " + std::to_string(S.exact.weights.size()) + " values; this model needs " +
-                  std::to_string(nf * 2 * c.n_kv_head) + " (full layers x 2 x KV heads)");
+      throw Error("--exact: the weights have " + std::to_string(S.exact.weights.size()) +
+                  " values; this model needs " + std::to_string(nf * 2 * c.n_kv_head) +
+                  " (full layers x 2 x KV heads)");
     if (S.o1.w + S.o1.sink + S.exact.budget > 8192)
-      throw Error("--exact: w + sink + budget = " + std::to_string(S.o1.w + S.o1.sink + S.exact.budget) +
-                  " exceeds 8192 exact rows");
+      throw Error("--exact: w + sink + budget = " +
+                  std::to_string(S.o1.w + S.o1.sink + S.exact.budget) + " exceeds 8192 exact rows");
     if (S.exact.spill_dir.empty()) S.exact.spill_dir = opts.spill_dir;
   } else if (!opts.spill_dir.empty()) {
     throw Error("--spill needs --exact (it is where rows wait for the choice of exact rows)");
   }
-  GateParams g = opts.gate.value_or(turbo.present && !turbo.router.empty() ? parse_gate("recon") : GateParams{});
-  if (g.kind == GateParams::Kind::Auto) g = turbo.router.empty() ? parse_gate("conf:0.7") : parse_gate("recon");
+  GateParams g = opts.gate.value_or(turbo.present && !turbo.router.empty() ? parse_gate("recon")
+                                                                           : GateParams{});
+  if (g.kind == GateParams::Kind::Auto)
+    g = turbo.router.empty() ? parse_gate("conf:0.7") : parse_gate("recon");
   if (g.kind != GateParams::Kind::Off && S.kv != KvMode::LastLoop)
     throw Error("--gate " + g.str() +
-                " needs --kv last_loop: under per_loop a token that leaves after one pass would leave a hole in "
+                " needs --kv last_loop: under per_loop a token that leaves after one pass would "
+                "leave a hole in "
                 "the second pass's cache");
   if (g.kind == GateParams::Kind::Recon) {
     if (turbo.router.empty())
-      throw Error("--gate recon: the model file has no router (make one with dory calibrate, or use conf:THETA)");
+      throw Error(
+          "--gate recon: the model file has no router (make one with dory calibrate, or use "
+          "conf:THETA)");
     S.router = &turbo.router;
     S.recon_bias = g.bias.value_or(turbo.router.bias);
   }
@@ -153,17 +176,39 @@ Session::Session(std::shared_ptr<Backend> backend, SessionOptions opts)
 
 Session::~Session() = default;
 
-const Model& Session::model() const { return backend_->model(); }
-const SessionOptions& Session::options() const { return st_->opts; }
-int64_t Session::position() const { return st_->pos; }
-int Session::loops() const { return st_->loops; }
-KvMode Session::kv_mode() const { return st_->kv; }
-const GateParams& Session::gate() const { return st_->gate; }
-const O1Params& Session::o1() const { return st_->o1; }
-const ExactParams& Session::exact() const { return st_->exact; }
-int Session::prompt_loops() const { return st_->prompt_loops; }
-GateStats Session::gate_stats() const { return st_->gstats; }
-const std::vector<int>& Session::last_passes() const { return st_->last_passes; }
+const Model& Session::model() const {
+  return backend_->model();
+}
+const SessionOptions& Session::options() const {
+  return st_->opts;
+}
+int64_t Session::position() const {
+  return st_->pos;
+}
+int Session::loops() const {
+  return st_->loops;
+}
+KvMode Session::kv_mode() const {
+  return st_->kv;
+}
+const GateParams& Session::gate() const {
+  return st_->gate;
+}
+const O1Params& Session::o1() const {
+  return st_->o1;
+}
+const ExactParams& Session::exact() const {
+  return st_->exact;
+}
+int Session::prompt_loops() const {
+  return st_->prompt_loops;
+}
+GateStats Session::gate_stats() const {
+  return st_->gstats;
+}
+const std::vector<int>& Session::last_passes() const {
+  return st_->last_passes;
+}
 
 void Session::prompt_end(int64_t end) {
   SessionState& S = *st_;
@@ -189,9 +234,22 @@ void Session::rebuild_if_due() {
   S.rebuild_at = -1;
   const std::string why = S.caches->rebuild_exact();
   if (!why.empty() && !S.warned) {
-    std::fprintf(stderr, "warning: exact rows: %s; the far field goes on as first sealed\n", why.c_str());
+    std::fprintf(stderr, "warning: exact rows: %s; the far field goes on as first sealed\n",
+                 why.c_str());
     S.warned = true;
   }
+}
+
+void Session::set_lora(std::vector<float> scales) {
+  const size_t n = backend_->model().weights().adapter_names.size();
+  if (!scales.empty() && scales.size() != n)
+    throw Error("adapter scales: " + std::to_string(scales.size()) + " given for " +
+                std::to_string(n) + " loaded adapter" + (n == 1 ? "" : "s"));
+  st_->lora = std::move(scales);
+}
+
+const std::vector<float>& Session::lora() const {
+  return st_->lora;
 }
 
 void Session::set_loops(int loops) {
@@ -204,18 +262,27 @@ void Session::set_loops(int loops) {
   S.plan_out = build_plan(c, S.kv, 0, 0, false, true);
 }
 
-KvBytes Session::kv_bytes_split() const { return st_->caches->bytes(); }
+KvBytes Session::kv_bytes_split() const {
+  return st_->caches->bytes();
+}
 
-uint64_t Session::kv_bytes() const { return kv_bytes_split().total(); }
+uint64_t Session::kv_bytes() const {
+  return kv_bytes_split().total();
+}
 
 // One pass of `plan` over ids at the current position (the position does not move here).
-void Session::run_pass(std::span<const int32_t> ids, const std::vector<Step>& plan, int64_t logit_row0,
-                       float* logits) {
+void Session::run_pass(std::span<const int32_t> ids, const std::vector<Step>& plan,
+                       int64_t logit_row0, float* logits) {
   SessionState& S = *st_;
   SeqCaches* one = S.caches.get();
   S.caches->prepare(plan, S.pos);
   Backend& be = *backend_;
-  be.begin(PassRows{ids, S.pos, {}, {}, std::span<SeqCaches* const>(&one, 1)});
+  be.begin(PassRows{ids,
+                    S.pos,
+                    {},
+                    {},
+                    std::span<SeqCaches* const>(&one, 1),
+                    S.rows_lora(static_cast<int64_t>(ids.size()))});
   be.steps(plan);
   const int64_t T = static_cast<int64_t>(ids.size());
   if (logit_row0 < T) be.logits(S.row_range(logit_row0, T), logits);
@@ -272,14 +339,22 @@ ProbeRows Session::probe(std::span<const int32_t> ids) {
   out.top_all.resize(n);
   out.p1.resize(n);
   std::vector<float> logits;
-  auto argmax = [&](const float* l) { return static_cast<int32_t>(std::max_element(l, l + V) - l); };
+  auto argmax = [&](const float* l) {
+    return static_cast<int32_t>(std::max_element(l, l + V) - l);
+  };
   Backend& be = *backend_;
   SeqCaches* one = S.caches.get();
   for (int64_t b = 0; b < n; b += S.opts.chunk) {
     const int64_t T = std::min<int64_t>(S.opts.chunk, n - b);
     logits.resize(T * V);
-    for (const auto* plan : {&S.plan_first, &S.plan_out, &S.plan_rest}) S.caches->prepare(*plan, S.pos);
-    be.begin(PassRows{ids.subspan(b, T), S.pos, {}, {}, std::span<SeqCaches* const>(&one, 1)});
+    for (const auto* plan : {&S.plan_first, &S.plan_out, &S.plan_rest})
+      S.caches->prepare(*plan, S.pos);
+    be.begin(PassRows{ids.subspan(b, T),
+                      S.pos,
+                      {},
+                      {},
+                      std::span<SeqCaches* const>(&one, 1),
+                      S.rows_lora(static_cast<int64_t>(ids.subspan(b, T).size()))});
     be.steps(S.plan_first);
     const auto all = S.row_range(0, T);
     be.state(all, out.state1.data() + b * H);
@@ -298,20 +373,28 @@ ProbeRows Session::probe(std::span<const int32_t> ids) {
   return out;
 }
 
-std::vector<SlotFeatures> Session::exact_features() { return st_->caches->exact_features(); }
+std::vector<SlotFeatures> Session::exact_features() {
+  return st_->caches->exact_features();
+}
 
 int Session::gated_token(std::span<const int32_t> ids, float* logits) {
   SessionState& S = *st_;
   const DoryConfig& c = backend_->model().config();
   Backend& be = *backend_;
   SeqCaches* one = S.caches.get();
-  for (const auto* plan : {&S.plan_first, &S.plan_rest, &S.plan_out}) S.caches->prepare(*plan, S.pos);
+  for (const auto* plan : {&S.plan_first, &S.plan_rest, &S.plan_out})
+    S.caches->prepare(*plan, S.pos);
   const auto row = S.row_range(0, 1);
   auto finish = [&] {  // the output block and the head on the current state
     be.steps(S.plan_out);
     be.logits(row, logits);
   };
-  be.begin(PassRows{ids, S.pos, {}, {}, std::span<SeqCaches* const>(&one, 1)});
+  be.begin(PassRows{ids,
+                    S.pos,
+                    {},
+                    {},
+                    std::span<SeqCaches* const>(&one, 1),
+                    S.rows_lora(static_cast<int64_t>(ids.size()))});
   be.steps(S.plan_first);
   ++S.gstats.gated;
   bool one_pass = false;
@@ -356,7 +439,8 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
     // Sliding caches are rings sized for one chunk beyond the window.
     if (static_cast<int64_t>(e.ids.size()) > s.st_->opts.chunk)
       throw Error("forward_batch: " + std::to_string(e.ids.size()) +
-                  " ids for one session exceed its chunk size " + std::to_string(s.st_->opts.chunk));
+                  " ids for one session exceed its chunk size " +
+                  std::to_string(s.st_->opts.chunk));
     check_ids(e.ids, s.model().config().vocab);
     live.push_back(&e);
   }
@@ -395,6 +479,10 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
     std::vector<int64_t> pos, logit_rows;
     std::vector<int32_t> seq;
     std::vector<SeqCaches*> caches;
+    std::vector<float> lora;
+    const Weights& W = be.model().weights();
+    const int n_ad = static_cast<int>(W.adapter_names.size());
+    const std::vector<float>& lora_default = W.adapter_scales;
     const std::vector<Step>& plan = group.front()->session->st_->plan(c, loops);
     for (size_t k = 0; k < group.size(); ++k) {
       const BatchEntry& e = *group[k];
@@ -407,11 +495,20 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
         ids.push_back(e.ids[i]);
         pos.push_back(p0 + i);
         seq.push_back(static_cast<int32_t>(k));
-        if (e.want == Logits::All || (e.want == Logits::Last && i == n - 1)) logit_rows.push_back(row0 + i);
+        if (n_ad > 0) {
+          // Each row takes its own session's adapter scales (the --lora ones where it has none).
+          for (int a = 0; a < n_ad; ++a)
+            lora.push_back(S.lora.empty() ? lora_default[a] : S.lora[a]);
+        }
+        if (e.want == Logits::All || (e.want == Logits::Last && i == n - 1))
+          logit_rows.push_back(row0 + i);
       }
     }
     std::vector<float> logits(logit_rows.size() * V);
-    be.begin(PassRows{ids, 0, pos, seq, caches});
+    bool own = false;  // only when some session sets its own scales do rows carry them
+    for (const BatchEntry* e : group) own |= !e->session->st_->lora.empty();
+    if (!own) lora.clear();
+    be.begin(PassRows{ids, 0, pos, seq, caches, lora});
     be.steps(plan);
     be.logits(logit_rows, logits.data());
     size_t r = 0;
@@ -429,7 +526,8 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
 void Session::rollback(int64_t n) {
   SessionState& S = *st_;
   if (n < 0 || n > S.pos)
-    throw Error("rollback to position " + std::to_string(n) + " is outside 0.." + std::to_string(S.pos));
+    throw Error("rollback to position " + std::to_string(n) + " is outside 0.." +
+                std::to_string(S.pos));
   // Checked first, so a refused rollback changes nothing.
   S.caches->check_rollback(n);
   S.caches->truncate(n);

@@ -9,8 +9,8 @@ namespace dory::server {
 
 namespace {
 
-constexpr int kMaxDepth = 64;         // JSON nesting a request may use
-constexpr size_t kMaxStops = 16;      // OpenAI allows 4; llama.cpp any number
+constexpr int kMaxDepth = 64;     // JSON nesting a request may use
+constexpr size_t kMaxStops = 16;  // OpenAI allows 4; llama.cpp any number
 constexpr size_t kMaxStopBytes = 1024;
 
 [[noreturn]] void bad(const std::string& param, const std::string& message,
@@ -24,13 +24,20 @@ constexpr size_t kMaxStopBytes = 1024;
 
 const char* type_name(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: return "a number";
-    default: return "an integer";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an integer";
   }
 }
 
@@ -113,7 +120,8 @@ std::string content_text(const json& msg, size_t i, bool may_be_null) {
 std::vector<int32_t> chat_prompt(const json& body, const ApiContext& ctx) {
   const json* m = field(body, "messages");
   if (!m) bad("messages", "'messages' is required");
-  if (!m->is_array()) bad("messages", "'messages' must be an array, not " + std::string(type_name(*m)));
+  if (!m->is_array())
+    bad("messages", "'messages' must be an array, not " + std::string(type_name(*m)));
   if (m->empty()) bad("messages", "'messages' must not be empty");
   json messages = json::array();
   for (size_t i = 0; i < m->size(); ++i) {
@@ -121,7 +129,8 @@ std::vector<int32_t> chat_prompt(const json& body, const ApiContext& ctx) {
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!msg.is_object()) bad(where, "'" + where + "' must be an object, not " + type_name(msg));
     auto role = msg.find("role");
-    if (role == msg.end() || !role->is_string()) bad(where + ".role", "'" + where + ".role' must be a string");
+    if (role == msg.end() || !role->is_string())
+      bad(where + ".role", "'" + where + ".role' must be a string");
     const std::string r = role->get<std::string>();
     if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
       bad(where + ".role", "'" + where + ".role' is " + role->dump() +
@@ -147,7 +156,8 @@ std::vector<int32_t> chat_prompt(const json& body, const ApiContext& ctx) {
   }
   std::vector<int32_t> ids = ctx.tok->encode(text, /*add_special=*/false);
   // The template may leave BOS to the tokenizer's own rule.
-  if (auto bos = ctx.tok->bos_id(); bos && ctx.tok->adds_bos() && (ids.empty() || ids.front() != *bos))
+  if (auto bos = ctx.tok->bos_id();
+      bos && ctx.tok->adds_bos() && (ids.empty() || ids.front() != *bos))
     ids.insert(ids.begin(), *bos);
   return ids;
 }
@@ -163,14 +173,17 @@ std::vector<int32_t> completion_prompt(const json& body, const ApiContext& ctx) 
   }
   if (v->is_string()) return ctx.tok->encode(v->get<std::string>(), /*add_special=*/true);
   if (!v->is_array())
-    bad("prompt", "'prompt' must be a string or an array of token ids, not " + std::string(type_name(*v)));
+    bad("prompt",
+        "'prompt' must be a string or an array of token ids, not " + std::string(type_name(*v)));
   std::vector<int32_t> ids;
   for (const json& x : *v) {
     if (!x.is_number_integer() && !x.is_number_unsigned())
       bad("prompt", "'prompt' token ids must be integers, got " + x.dump());
-    const int64_t id = x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX) ? -1 : x.get<int64_t>();
+    const int64_t id =
+        x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX) ? -1 : x.get<int64_t>();
     if (id < 0 || id >= ctx.vocab)
-      bad("prompt", "token id " + x.dump() + " is out of range [0, " + std::to_string(ctx.vocab) + ")");
+      bad("prompt",
+          "token id " + x.dump() + " is out of range [0, " + std::to_string(ctx.vocab) + ")");
     ids.push_back(static_cast<int32_t>(id));
   }
   return ids;
@@ -189,7 +202,8 @@ std::vector<std::string> stops(const json& body) {
   };
   if (s->is_array()) {
     if (s->size() > kMaxStops)
-      bad("stop", "at most " + std::to_string(kMaxStops) + " stop strings, got " + std::to_string(s->size()));
+      bad("stop", "at most " + std::to_string(kMaxStops) + " stop strings, got " +
+                      std::to_string(s->size()));
     for (const json& v : *s) add(v);
   } else {
     add(*s);
@@ -212,7 +226,8 @@ json parse_object(const std::string& body) {
   try {
     // The callback bounds nesting, so nothing later (copies, templates) recurses deeply.
     j = json::parse(body, [](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxDepth) bad("", "the request nests JSON deeper than " + std::to_string(kMaxDepth) + " levels");
+      if (depth > kMaxDepth)
+        bad("", "the request nests JSON deeper than " + std::to_string(kMaxDepth) + " levels");
       return true;
     });
   } catch (const json::exception& e) {
@@ -229,14 +244,17 @@ ParsedRequest parse_request(Endpoint ep, const std::string& body_text, const Api
   const json body = parse_object(body_text);
   ParsedRequest r;
   r.endpoint = ep;
-  if (const json* m = field(body, "model"); m && !m->is_string()) bad("model", "'model' must be a string");
+  if (const json* m = field(body, "model"); m && !m->is_string())
+    bad("model", "'model' must be a string");
   if (integer(body, "n", 1, INT64_MIN, INT64_MAX) != 1) bad("n", "only n = 1 is supported");
-  if (integer(body, "best_of", 1, INT64_MIN, INT64_MAX) != 1) bad("best_of", "only best_of = 1 is supported");
-  if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()) &&
-                                                !(lp->is_number() && lp->get<double>() == 0))
+  if (integer(body, "best_of", 1, INT64_MIN, INT64_MAX) != 1)
+    bad("best_of", "only best_of = 1 is supported");
+  if (const json* lp = field(body, "logprobs");
+      lp && !(lp->is_boolean() && !lp->get<bool>()) && !(lp->is_number() && lp->get<double>() == 0))
     bad("logprobs", "logprobs are not supported");
   if (boolean(body, "echo", false)) bad("echo", "echo is not supported");
-  if (const json* s = field(body, "suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
+  if (const json* s = field(body, "suffix");
+      s && !(s->is_string() && s->get<std::string>().empty()))
     bad("suffix", "suffix is not supported");
   if (const json* rf = field(body, "response_format")) {
     if (!rf->is_object() || rf->value("type", "") != "text")
@@ -250,13 +268,19 @@ ParsedRequest parse_request(Endpoint ep, const std::string& body_text, const Api
   sp.top_p = static_cast<float>(number(body, "top_p", sp.top_p, 0.0, 1.0));
   sp.top_k = static_cast<int>(integer(body, "top_k", sp.top_k, 0, ctx.vocab));
   sp.min_p = static_cast<float>(number(body, "min_p", sp.min_p, 0.0, 1.0));
-  sp.repeat_penalty = static_cast<float>(number(body, "repeat_penalty", sp.repeat_penalty, 0.01, 100.0));
-  sp.repeat_last_n = static_cast<int>(integer(body, "repeat_last_n", sp.repeat_last_n, -1, ctx.ctx));
-  sp.presence_penalty = static_cast<float>(number(body, "presence_penalty", sp.presence_penalty, -2.0, 2.0));
-  sp.frequency_penalty = static_cast<float>(number(body, "frequency_penalty", sp.frequency_penalty, -2.0, 2.0));
+  sp.repeat_penalty =
+      static_cast<float>(number(body, "repeat_penalty", sp.repeat_penalty, 0.01, 100.0));
+  sp.repeat_last_n =
+      static_cast<int>(integer(body, "repeat_last_n", sp.repeat_last_n, -1, ctx.ctx));
+  sp.presence_penalty =
+      static_cast<float>(number(body, "presence_penalty", sp.presence_penalty, -2.0, 2.0));
+  sp.frequency_penalty =
+      static_cast<float>(number(body, "frequency_penalty", sp.frequency_penalty, -2.0, 2.0));
   const int64_t seed = integer(body, "seed", -2, -1, INT64_MAX);
-  if (seed == -1) sp.seed = 0xFFFFFFFFu;  // llama.cpp's "random"
-  else if (seed >= 0) sp.seed = static_cast<uint64_t>(seed);
+  if (seed == -1)
+    sp.seed = 0xFFFFFFFFu;  // llama.cpp's "random"
+  else if (seed >= 0)
+    sp.seed = static_cast<uint64_t>(seed);
 
   // max_tokens (completions, older chat clients), max_completion_tokens (chat), n_predict
   // (llama.cpp); -1 = no limit but the context.
@@ -268,14 +292,39 @@ ParsedRequest parse_request(Endpoint ep, const std::string& body_text, const Api
   for (const std::string& s : ctx.stop) job.stop.push_back(s);
   job.ignore_eos = boolean(body, "ignore_eos", ctx.ignore_eos);
   job.loops = static_cast<int>(integer(body, "loops", 0, 1, 16));
+  // "lora": [{"id": 0, "scale": 0.5}, ...], as llama-server: the adapters loaded with
+  // dory serve --lora, by position; an adapter left out runs at scale 0 for this request.
+  if (const json* lo = field(body, "lora")) {
+    if (!lo->is_array()) bad("lora", "'lora' must be an array of {\"id\": N, \"scale\": X}");
+    if (ctx.adapters == 0 && !lo->empty())
+      bad("lora", "this server has no LoRA adapters (start dory serve with --lora FILE)");
+    job.lora.assign(static_cast<size_t>(ctx.adapters), 0.0f);
+    for (const json& e : *lo) {
+      if (!e.is_object() || !e.contains("id") || !e["id"].is_number_integer())
+        bad("lora", "each 'lora' entry must be {\"id\": N, \"scale\": X} with an integer id");
+      const int64_t id = e["id"].get<int64_t>();
+      if (id < 0 || id >= ctx.adapters)
+        bad("lora", "adapter id " + std::to_string(id) + " is not loaded (ids 0.." +
+                        std::to_string(ctx.adapters - 1) + ")");
+      double sc = 1.0;
+      if (e.contains("scale")) {
+        if (!e["scale"].is_number() || !std::isfinite(e["scale"].get<double>()))
+          bad("lora", "'scale' must be a finite number");
+        sc = e["scale"].get<double>();
+      }
+      job.lora[static_cast<size_t>(id)] = static_cast<float>(sc);
+    }
+  }
   // A skill per request needs a weight set per skill in one process: not there yet, so a request
   // may only name the skill the server was started with (dory serve --skill).
   if (const json* sk = field(body, "skill")) {
     if (!sk->is_string()) bad("skill", "'skill' must be a string");
     const std::string want = sk->get<std::string>(), have = ctx.skill.empty() ? "none" : ctx.skill;
     if (want != have && !(want.empty() && have == "none"))
-      bad("skill", "this server runs skill '" + have + "'; a skill per request is not supported yet (start dory "
-                   "serve --skill " + want + ")");
+      bad("skill", "this server runs skill '" + have +
+                       "'; a skill per request is not supported yet (start dory "
+                       "serve --skill " +
+                       want + ")");
   }
 
   r.stream = boolean(body, "stream", false);
@@ -330,17 +379,23 @@ namespace {
 json envelope(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
               const char* object) {
   (void)ep;
-  return {{"id", id}, {"object", object}, {"created", created}, {"model", model},
+  return {{"id", id},
+          {"object", object},
+          {"created", created},
+          {"model", model},
           {"system_fingerprint", "dory-0.1.0"}};
 }
 }  // namespace
 
 json final_response(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
                     const std::string& text, const JobResult& r) {
-  json j = envelope(ep, id, model, created, ep == Endpoint::Chat ? "chat.completion" : "text_completion");
+  json j = envelope(ep, id, model, created,
+                    ep == Endpoint::Chat ? "chat.completion" : "text_completion");
   json choice = {{"index", 0}};
-  if (ep == Endpoint::Chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else choice["text"] = text;
+  if (ep == Endpoint::Chat)
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else
+    choice["text"] = text;
   choice["logprobs"] = nullptr;
   choice["finish_reason"] = r.finish_reason;
   j["choices"] = json::array({choice});
@@ -351,12 +406,16 @@ json final_response(Endpoint ep, const std::string& id, const std::string& model
 
 json stream_chunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
                   const std::string& text, const std::string& finish, bool role_only) {
-  json j = envelope(ep, id, model, created, ep == Endpoint::Chat ? "chat.completion.chunk" : "text_completion");
+  json j = envelope(ep, id, model, created,
+                    ep == Endpoint::Chat ? "chat.completion.chunk" : "text_completion");
   json choice = {{"index", 0}};
   if (ep == Endpoint::Chat) {
-    if (role_only) choice["delta"] = {{"role", "assistant"}, {"content", ""}};
-    else if (!finish.empty()) choice["delta"] = json::object();
-    else choice["delta"] = {{"content", text}};
+    if (role_only)
+      choice["delta"] = {{"role", "assistant"}, {"content", ""}};
+    else if (!finish.empty())
+      choice["delta"] = json::object();
+    else
+      choice["delta"] = {{"content", text}};
   } else {
     choice["text"] = text;
   }
@@ -368,12 +427,15 @@ json stream_chunk(Endpoint ep, const std::string& id, const std::string& model, 
 
 json usage_chunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
                  const JobResult& r) {
-  json j = envelope(ep, id, model, created, ep == Endpoint::Chat ? "chat.completion.chunk" : "text_completion");
+  json j = envelope(ep, id, model, created,
+                    ep == Endpoint::Chat ? "chat.completion.chunk" : "text_completion");
   j["choices"] = json::array();
   j["usage"] = usage_json(r);
   return j;
 }
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 }  // namespace dory::server

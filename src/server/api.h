@@ -19,9 +19,9 @@ using json = nlohmann::ordered_json;
 struct ApiError {
   int status = 400;
   std::string message;
-  std::string param;                        // "" = null
+  std::string param;  // "" = null
   std::string type = "invalid_request_error";
-  std::string code;                         // "" = null
+  std::string code;  // "" = null
 };
 json error_body(const ApiError& e);
 
@@ -33,6 +33,7 @@ struct ApiContext {
   int64_t ctx = 0;                // positions per slot
   int64_t vocab = 0;              // the model's
   std::string skill;              // the CMF skill the server runs ("" = none)
+  int adapters = 0;               // LoRA adapters loaded (dory serve --lora), ids 0..adapters-1
   SamplingParams sampling;        // the server's defaults (dory serve flags)
   int64_t max_tokens = -1;        // default when a request gives none
   std::vector<std::string> stop;  // added to every request's

@@ -63,7 +63,9 @@ Engine::Engine(std::shared_ptr<Backend> backend, const Tokenizer& tok, EngineOpt
   thread_ = std::thread([this] { run(); });
 }
 
-Engine::~Engine() { shutdown(); }
+Engine::~Engine() {
+  shutdown();
+}
 
 std::shared_ptr<Job> Engine::submit(JobSpec spec) {
   auto job = std::make_shared<Job>(std::move(spec));
@@ -89,7 +91,8 @@ void Engine::shutdown() {
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   EngineStats s = stats_;
-  const int64_t now = static_cast<int64_t>(std::chrono::duration<double>(Clock::now() - t0_).count());
+  const int64_t now =
+      static_cast<int64_t>(std::chrono::duration<double>(Clock::now() - t0_).count());
   // The last 10 whole seconds (fewer right after start).
   const int64_t span = std::max<int64_t>(1, std::min<int64_t>(10, now));
   int64_t p = 0, g = 0;
@@ -136,7 +139,7 @@ void Engine::run() {
           bool taken = false;
           for (auto& st : starting) taken |= st.first == s.get();
           if (taken) continue;
-          const size_t lcp = s->seq->reusable(prompt, loops);
+          const size_t lcp = s->seq->reusable(prompt, loops, job->spec().lora);
           if (!best || lcp > best_lcp || (lcp == best_lcp && s->last_used < best->last_used)) {
             best = s.get();
             best_lcp = lcp;
@@ -187,17 +190,18 @@ void Engine::assign(Slot& s, std::shared_ptr<Job> job) {
   s.result.slot = s.id;
   s.result.prompt_tokens = static_cast<int64_t>(spec.prompt.size());
   s.result.queue_ms = ms_between(s.job->submitted_, s.t_assigned);
-  const size_t keep = s.seq->start(spec.prompt, loops);
+  const size_t keep = s.seq->start(spec.prompt, loops, spec.lora);
   s.fed = keep;
   s.decoding = false;
   s.result.cached_tokens = static_cast<int64_t>(keep);
   s.sampler.emplace(spec.sampling);
   for (int32_t id : spec.prompt) s.sampler->accept(id);
   Job* j = s.job.get();
-  s.text.emplace(tok_, backend_->model().config(), spec.stop, spec.ignore_eos, [j](std::string_view piece) {
-    j->push({JobEvent::Kind::Text, std::string(piece), {}});
-    return true;
-  });
+  s.text.emplace(tok_, backend_->model().config(), spec.stop, spec.ignore_eos,
+                 [j](std::string_view piece) {
+                   j->push({JobEvent::Kind::Text, std::string(piece), {}});
+                   return true;
+                 });
   std::lock_guard<std::mutex> lk(mu_);
   stats_.cached_tokens += static_cast<int64_t>(keep);
 }
@@ -209,7 +213,8 @@ bool Engine::step() {
   int64_t budget = opts_.prefill_rows, prompt_rows = 0, decode_rows = 0;
   for (auto& s : slots_)
     if (s->job && s->decoding) {
-      entries.push_back({&s->seq->session(), std::span<const int32_t>(&s->next_id, 1), Logits::Last, {}});
+      entries.push_back(
+          {&s->seq->session(), std::span<const int32_t>(&s->next_id, 1), Logits::Last, {}});
       owner.push_back(s.get());
       ++decode_rows;
     }
@@ -223,11 +228,13 @@ bool Engine::step() {
     if (budget <= 0) break;
     const auto& prompt = s->job->spec().prompt;
     // At most what the session takes in one pass (its chunk, cut at an exact-row rebuild point).
-    const int64_t n = std::min<int64_t>({budget, static_cast<int64_t>(prompt.size() - s->fed),
-                                         s->seq->session().next_rows()});
+    const int64_t n = std::min<int64_t>(
+        {budget, static_cast<int64_t>(prompt.size() - s->fed), s->seq->session().next_rows()});
     const bool last = s->fed + n == prompt.size();
-    entries.push_back({&s->seq->session(), std::span<const int32_t>(prompt.data() + s->fed, n),
-                       last ? Logits::Last : Logits::None, {}});
+    entries.push_back({&s->seq->session(),
+                       std::span<const int32_t>(prompt.data() + s->fed, n),
+                       last ? Logits::Last : Logits::None,
+                       {}});
     owner.push_back(s);
     budget -= n;
     prompt_rows += n;
@@ -269,8 +276,10 @@ bool Engine::step() {
       s.result.prompt_ms = ms_between(s.t_assigned, t1);
     }
     const int64_t max = s.job->spec().max_tokens;
-    if (max >= 0 && s.result.completion_tokens >= max) finish(s, "length");
-    else drawing.push_back(i);
+    if (max >= 0 && s.result.completion_tokens >= max)
+      finish(s, "length");
+    else
+      drawing.push_back(i);
   }
   std::vector<int32_t> drawn(entries.size(), -1);
   std::vector<std::string> errors(entries.size());
@@ -284,8 +293,10 @@ bool Engine::step() {
     }
   });
   for (size_t i : drawing) {
-    if (!errors[i].empty()) fail(*owner[i], errors[i]);
-    else take_token(*owner[i], drawn[i]);
+    if (!errors[i].empty())
+      fail(*owner[i], errors[i]);
+    else
+      take_token(*owner[i], drawn[i]);
   }
   uint64_t kv = 0;
   for (auto& s : slots_) kv += s->seq->session().kv_bytes();
@@ -311,7 +322,8 @@ void Engine::take_token(Slot& s, int32_t id) {
     ++b.gen;
   }
   if (next != TextStream::Next::More) return finish(s, "stop");
-  if (spec.max_tokens >= 0 && s.result.completion_tokens >= spec.max_tokens) return finish(s, "length");
+  if (spec.max_tokens >= 0 && s.result.completion_tokens >= spec.max_tokens)
+    return finish(s, "length");
   // This token takes the last position: nothing after it would fit.
   if (s.seq->session().position() + 1 >= opts_.ctx) return finish(s, "length");
   s.next_id = id;
@@ -330,8 +342,10 @@ void Engine::finish(Slot& s, const std::string& reason) {
   s.last_used = ++use_counter_;
   std::lock_guard<std::mutex> lk(mu_);
   --stats_.busy;
-  if (reason == "cancelled") ++stats_.jobs_cancelled;
-  else ++stats_.jobs_done;
+  if (reason == "cancelled")
+    ++stats_.jobs_cancelled;
+  else
+    ++stats_.jobs_done;
 }
 
 void Engine::fail(Slot& s, const std::string& message) {

@@ -40,7 +40,8 @@ struct JobSpec {
   int64_t max_tokens = -1;  // -1: until end of text or the context is full
   std::vector<std::string> stop;
   bool ignore_eos = false;
-  int loops = 0;  // 0: the server's
+  int loops = 0;            // 0: the server's
+  std::vector<float> lora;  // each loaded adapter's scale for this request; empty: the --lora ones
 };
 
 struct JobResult {
@@ -81,9 +82,9 @@ class Job {
 
 struct EngineOptions {
   int slots = 4;
-  int64_t ctx = 0;            // positions per slot (<= the model's)
-  SessionOptions session;     // loops, kv mode, chunk
-  int prefill_rows = 0;       // prompt rows per step, all slots together; 0 = the chunk size
+  int64_t ctx = 0;         // positions per slot (<= the model's)
+  SessionOptions session;  // loops, kv mode, chunk
+  int prefill_rows = 0;    // prompt rows per step, all slots together; 0 = the chunk size
 };
 
 // Counters for /metrics; totals since start.

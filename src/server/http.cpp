@@ -1,7 +1,5 @@
 #include "server/http.h"
 
-#include "backend/backend.h"
-
 #include <httplib.h>
 
 #include <atomic>
@@ -11,7 +9,9 @@
 #include <sstream>
 #include <thread>
 
+#include "backend/backend.h"
 #include "dory/error.h"
+#include "model/weights.h"
 #include "server/api.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -24,16 +24,21 @@ extern const unsigned long kChatPageSize;
 
 namespace {
 
-constexpr auto kPoll = std::chrono::milliseconds(50);  // how often a waiting request looks at its client
+constexpr auto kPoll =
+    std::chrono::milliseconds(50);  // how often a waiting request looks at its client
 
-int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
+int64_t unix_now() {
+  return static_cast<int64_t>(std::time(nullptr));
+}
 
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(dump(body), "application/json; charset=utf-8");
 }
 
-void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_body(e)); }
+void send_error(httplib::Response& res, const ApiError& e) {
+  send_json(res, e.status, error_body(e));
+}
 
 ApiError make_error(int status, const std::string& message, const std::string& type,
                     const std::string& code = "") {
@@ -99,7 +104,9 @@ HttpServer::HttpServer(ServerOptions opts) : impl_(std::make_unique<Impl>(std::m
   m.routes();
 }
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+}
 
 void HttpServer::bind() {
   Impl& m = *impl_;
@@ -113,7 +120,9 @@ void HttpServer::bind() {
                 " (address in use, not a local address, or not allowed)");
 }
 
-int HttpServer::port() const { return impl_->port; }
+int HttpServer::port() const {
+  return impl_->port;
+}
 
 void HttpServer::start() {
   Impl& m = *impl_;
@@ -137,6 +146,7 @@ void HttpServer::ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokeniz
   m.api.ctx = m.engine->ctx();
   m.api.vocab = m.model->config().vocab;
   m.api.skill = m.opts.skill == "none" ? "" : m.opts.skill;
+  m.api.adapters = static_cast<int>(m.model->weights().adapter_names.size());
   m.api.sampling = rd.sampling;
   m.api.max_tokens = rd.max_tokens;
   m.api.stop = rd.stop;
@@ -165,32 +175,37 @@ EngineStats HttpServer::stats() const {
 
 json HttpServer::Impl::model_card() const {
   const DoryConfig& c = model->config();
-  return {{"id", opts.model_name},
-          {"object", "model"},
-          {"created", created},
-          {"owned_by", "dory"},
-          {"meta",
-           {{"n_params", model->n_params()},
-            {"n_vocab", c.vocab},
-            {"n_ctx_train", c.max_positions},
-            {"n_ctx", engine->ctx()},
-            {"n_slots", engine->options().slots},
-            {"loops", engine->options().session.loops ? engine->options().session.loops : c.n_loops},
-            {"kv", kv_mode_name(engine->options().session.kv.value_or(c.kv_mode))}}}};
+  return {
+      {"id", opts.model_name},
+      {"object", "model"},
+      {"created", created},
+      {"owned_by", "dory"},
+      {"meta",
+       {{"n_params", model->n_params()},
+        {"n_vocab", c.vocab},
+        {"n_ctx_train", c.max_positions},
+        {"n_ctx", engine->ctx()},
+        {"n_slots", engine->options().slots},
+        {"loops", engine->options().session.loops ? engine->options().session.loops : c.n_loops},
+        {"kv", kv_mode_name(engine->options().session.kv.value_or(c.kv_mode))}}}};
 }
 
 void HttpServer::Impl::routes() {
   // Authentication, and 503 while the model loads, before any route runs.
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     // The chat page holds no data: it loads without a key, and asks for one for the API.
-    if (req.path == "/health" || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;
+    if (req.path == "/health" || req.path == "/")
+      return httplib::Server::HandlerResponse::Unhandled;
     if (!opts.api_key.empty()) {
       std::string given = req.get_header_value("Authorization");
-      if (given.rfind("Bearer ", 0) == 0) given = given.substr(7);
-      else given = req.get_header_value("X-Api-Key");
+      if (given.rfind("Bearer ", 0) == 0)
+        given = given.substr(7);
+      else
+        given = req.get_header_value("X-Api-Key");
       if (!same_secret(given, opts.api_key)) {
-        send_error(res, make_error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                                   "authentication_error", "invalid_api_key"));
+        send_error(res,
+                   make_error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                              "authentication_error", "invalid_api_key"));
         return httplib::Server::HandlerResponse::Handled;
       }
     }
@@ -205,32 +220,34 @@ void HttpServer::Impl::routes() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
   // Errors httplib makes itself (no route, body too large, bad request line).
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                     httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e;
-    e.status = res.status;
-    if (res.status == 404) {
-      e.type = "not_found_error";
-      e.message = "no such endpoint: " + req.method + " " + req.path;
-    } else if (res.status == 413) {
-      e.message = "the request body is larger than the limit of " + std::to_string(opts.max_body) + " bytes";
-    } else {
-      e.message = "HTTP status " + std::to_string(res.status);
-    }
-    send_error(res, e);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "internal error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_error(res, make_error(500, what, "server_error"));
-  });
+  svr.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        ApiError e;
+        e.status = res.status;
+        if (res.status == 404) {
+          e.type = "not_found_error";
+          e.message = "no such endpoint: " + req.method + " " + req.path;
+        } else if (res.status == 413) {
+          e.message = "the request body is larger than the limit of " +
+                      std::to_string(opts.max_body) + " bytes";
+        } else {
+          e.message = "HTTP status " + std::to_string(res.status);
+        }
+        send_error(res, e);
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  svr.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "internal error";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, make_error(500, what, "server_error"));
+      });
   svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     {
       std::lock_guard<std::mutex> lk(count_mu);
@@ -253,82 +270,92 @@ void HttpServer::Impl::routes() {
   };
 
   svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(reinterpret_cast<const char*>(kChatPage), kChatPageSize, "text/html; charset=utf-8");
+    res.set_content(reinterpret_cast<const char*>(kChatPage), kChatPageSize,
+                    "text/html; charset=utf-8");
   });
   svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (!ready.load(std::memory_order_acquire)) return send_json(res, 503, {{"status", "loading"}});
     const EngineStats s = engine->stats();
-    send_json(res, 200, {{"status", "ok"}, {"slots_idle", s.slots - s.busy}, {"slots_processing", s.busy},
-                         {"requests_queued", s.queued}});
+    send_json(res, 200,
+              {{"status", "ok"},
+               {"slots_idle", s.slots - s.busy},
+               {"slots_processing", s.busy},
+               {"requests_queued", s.queued}});
   });
   auto models = [this](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200, {{"object", "list"}, {"data", json::array({model_card()})}});
   };
   svr.Get("/v1/models", models);
   svr.Get("/models", models);
-  auto chat = api([this](const httplib::Request& q, httplib::Response& r) { generate(Endpoint::Chat, q, r); });
-  auto comp = api([this](const httplib::Request& q, httplib::Response& r) { generate(Endpoint::Completion, q, r); });
+  auto chat = api(
+      [this](const httplib::Request& q, httplib::Response& r) { generate(Endpoint::Chat, q, r); });
+  auto comp = api([this](const httplib::Request& q, httplib::Response& r) {
+    generate(Endpoint::Completion, q, r);
+  });
   svr.Post("/v1/chat/completions", chat);
   svr.Post("/chat/completions", chat);
   svr.Post("/v1/completions", comp);
   svr.Post("/completions", comp);
 
-  svr.Post("/tokenize", api([this](const httplib::Request& req, httplib::Response& res) {
-    const json body = parse_object(req.body);
-    auto c = body.find("content");
-    if (c == body.end() || !c->is_string()) {
-      ApiError e;
-      e.param = "content";
-      e.message = "'content' must be a string";
-      throw e;
-    }
-    auto flag = [&](const char* k, bool d) {
-      auto it = body.find(k);
-      if (it == body.end() || it->is_null()) return d;
-      if (!it->is_boolean()) {
-        ApiError e;
-        e.param = k;
-        e.message = std::string("'") + k + "' must be true or false";
-        throw e;
-      }
-      return it->get<bool>();
-    };
-    const bool add_special = flag("add_special", false), pieces = flag("with_pieces", false),
-               parse_special = flag("parse_special", true);
-    const auto ids = tok->encode(c->get<std::string>(), add_special, parse_special);
-    json out = json::array();
-    for (int32_t id : ids) {
-      if (!pieces) {
-        out.push_back(id);
-        continue;
-      }
-      out.push_back({{"id", id}, {"piece", tok->decode(std::span<const int32_t>(&id, 1))}});
-    }
-    send_json(res, 200, {{"tokens", out}});
-  }));
+  svr.Post(
+      "/tokenize", api([this](const httplib::Request& req, httplib::Response& res) {
+        const json body = parse_object(req.body);
+        auto c = body.find("content");
+        if (c == body.end() || !c->is_string()) {
+          ApiError e;
+          e.param = "content";
+          e.message = "'content' must be a string";
+          throw e;
+        }
+        auto flag = [&](const char* k, bool d) {
+          auto it = body.find(k);
+          if (it == body.end() || it->is_null()) return d;
+          if (!it->is_boolean()) {
+            ApiError e;
+            e.param = k;
+            e.message = std::string("'") + k + "' must be true or false";
+            throw e;
+          }
+          return it->get<bool>();
+        };
+        const bool add_special = flag("add_special", false), pieces = flag("with_pieces", false),
+                   parse_special = flag("parse_special", true);
+        const auto ids = tok->encode(c->get<std::string>(), add_special, parse_special);
+        json out = json::array();
+        for (int32_t id : ids) {
+          if (!pieces) {
+            out.push_back(id);
+            continue;
+          }
+          out.push_back({{"id", id}, {"piece", tok->decode(std::span<const int32_t>(&id, 1))}});
+        }
+        send_json(res, 200, {{"tokens", out}});
+      }));
   svr.Post("/detokenize", api([this](const httplib::Request& req, httplib::Response& res) {
-    const json body = parse_object(req.body);
-    auto t = body.find("tokens");
-    ApiError e;
-    e.param = "tokens";
-    if (t == body.end() || !t->is_array()) {
-      e.message = "'tokens' must be an array of token ids";
-      throw e;
-    }
-    std::vector<int32_t> ids;
-    for (const json& x : *t) {
-      const bool is_int = x.is_number_integer() || x.is_number_unsigned();
-      const int64_t v = is_int && !(x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX))
-                            ? x.get<int64_t>()
-                            : -1;
-      if (!is_int || v < 0 || v >= model->config().vocab) {
-        e.message = "token id " + x.dump() + " is not in [0, " + std::to_string(model->config().vocab) + ")";
-        throw e;
-      }
-      ids.push_back(static_cast<int32_t>(v));
-    }
-    send_json(res, 200, {{"content", tok->decode(ids)}});
-  }));
+             const json body = parse_object(req.body);
+             auto t = body.find("tokens");
+             ApiError e;
+             e.param = "tokens";
+             if (t == body.end() || !t->is_array()) {
+               e.message = "'tokens' must be an array of token ids";
+               throw e;
+             }
+             std::vector<int32_t> ids;
+             for (const json& x : *t) {
+               const bool is_int = x.is_number_integer() || x.is_number_unsigned();
+               const int64_t v =
+                   is_int && !(x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX))
+                       ? x.get<int64_t>()
+                       : -1;
+               if (!is_int || v < 0 || v >= model->config().vocab) {
+                 e.message = "token id " + x.dump() + " is not in [0, " +
+                             std::to_string(model->config().vocab) + ")";
+                 throw e;
+               }
+               ids.push_back(static_cast<int32_t>(v));
+             }
+             send_json(res, 200, {{"content", tok->decode(ids)}});
+           }));
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics(), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -352,14 +379,19 @@ void HttpServer::Impl::generate(Endpoint ep, const httplib::Request& req, httpli
     bool include_usage;
     std::string text;  // non-streaming: the answer so far
   };
-  auto st = std::make_shared<State>(State{job, ep, new_id(ep), opts.model_name, unix_now(), pr.include_usage, {}});
+  auto st = std::make_shared<State>(
+      State{job, ep, new_id(ep), opts.model_name, unix_now(), pr.include_usage, {}});
   auto gone = [this, st] {
     st->job->cancel();
     disconnects.fetch_add(1);
     return false;  // ends the response; httplib closes the connection
   };
-  auto write = [](httplib::DataSink& sink, const std::string& s) { return sink.write(s.data(), s.size()); };
-  auto sse = [write](httplib::DataSink& sink, const json& j) { return write(sink, "data: " + dump(j) + "\n\n"); };
+  auto write = [](httplib::DataSink& sink, const std::string& s) {
+    return sink.write(s.data(), s.size());
+  };
+  auto sse = [write](httplib::DataSink& sink, const json& j) {
+    return write(sink, "data: " + dump(j) + "\n\n");
+  };
   // When the response object goes away for any reason, the job must not outlive it.
   auto release = [st](bool) { st->job->cancel(); };
   res.set_header("Cache-Control", "no-cache");
@@ -381,24 +413,31 @@ void HttpServer::Impl::generate(Endpoint ep, const httplib::Request& req, httpli
           if (!got) continue;
           for (JobEvent& e : events) {
             if (e.kind == JobEvent::Kind::Text) {
-              if (!stream) st->text += e.text;  // non-streaming: the answer so far
-              else if (!sse(sink, stream_chunk(st->ep, st->id, st->model, st->created, e.text, ""))) return gone();
+              if (!stream)
+                st->text += e.text;  // non-streaming: the answer so far
+              else if (!sse(sink, stream_chunk(st->ep, st->id, st->model, st->created, e.text, "")))
+                return gone();
               continue;
             }
             if (e.kind == JobEvent::Kind::Error) {
               const json err = error_body(make_error(500, e.text, "server_error"));
-              if (stream) sse(sink, err);
-              else write(sink, dump(err));
+              if (stream)
+                sse(sink, err);
+              else
+                write(sink, dump(err));
             } else if (e.result.finish_reason == "cancelled") {
               return false;
             } else if (stream) {
-              json last = stream_chunk(st->ep, st->id, st->model, st->created, "", e.result.finish_reason);
+              json last =
+                  stream_chunk(st->ep, st->id, st->model, st->created, "", e.result.finish_reason);
               last["timings"] = timings_json(e.result);
               sse(sink, last);
-              if (st->include_usage) sse(sink, usage_chunk(st->ep, st->id, st->model, st->created, e.result));
+              if (st->include_usage)
+                sse(sink, usage_chunk(st->ep, st->id, st->model, st->created, e.result));
               write(sink, "data: [DONE]\n\n");
             } else {
-              write(sink, dump(final_response(st->ep, st->id, st->model, st->created, st->text, e.result)));
+              write(sink, dump(final_response(st->ep, st->id, st->model, st->created, st->text,
+                                              e.result)));
             }
             sink.done();
             return true;
@@ -412,19 +451,23 @@ std::string HttpServer::Impl::metrics() const {
   const EngineStats s = engine->stats();
   std::ostringstream o;
   auto metric = [&](const char* name, const char* type, const char* help, double v) {
-    o << "# HELP dory_" << name << ' ' << help << "\n# TYPE dory_" << name << ' ' << type << "\ndory_"
-      << name << ' ' << v << '\n';
+    o << "# HELP dory_" << name << ' ' << help << "\n# TYPE dory_" << name << ' ' << type
+      << "\ndory_" << name << ' ' << v << '\n';
   };
   o.precision(10);
-  metric("prompt_tokens_total", "counter", "Prompt tokens run through the model.", double(s.prompt_tokens));
+  metric("prompt_tokens_total", "counter", "Prompt tokens run through the model.",
+         double(s.prompt_tokens));
   metric("prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's KV cache.",
          double(s.cached_tokens));
   metric("generated_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));
-  metric("prompt_tokens_per_second", "gauge", "Prompt tokens per second over the last 10 s.", s.prompt_tps);
-  metric("generation_tokens_per_second", "gauge", "Generated tokens per second over the last 10 s.", s.gen_tps);
+  metric("prompt_tokens_per_second", "gauge", "Prompt tokens per second over the last 10 s.",
+         s.prompt_tps);
+  metric("generation_tokens_per_second", "gauge", "Generated tokens per second over the last 10 s.",
+         s.gen_tps);
   metric("requests_in_flight", "gauge", "Requests holding a slot.", s.busy);
   metric("requests_queued", "gauge", "Requests waiting for a slot.", s.queued);
-  metric("requests_finished_total", "counter", "Generation requests that ran to the end.", double(s.jobs_done));
+  metric("requests_finished_total", "counter", "Generation requests that ran to the end.",
+         double(s.jobs_done));
   metric("requests_cancelled_total", "counter", "Generation requests whose client left first.",
          double(s.jobs_cancelled));
   metric("client_disconnects_total", "counter", "Responses cut short because the client went away.",
@@ -432,15 +475,16 @@ std::string HttpServer::Impl::metrics() const {
   metric("slots", "gauge", "Slots: sequences decoded together.", s.slots);
   metric("kv_cache_bytes", "gauge", "Bytes held by the slots' KV caches.", double(s.kv_bytes));
   metric("batch_steps_total", "counter", "Batched forward passes.", double(s.steps));
-  metric("batch_rows_total", "counter", "Rows (tokens) through those passes; rows / steps is the mean batch.",
-         double(s.rows));
-  metric("batch_decode_rows_total", "counter", "Decode rows among them (one per busy slot and step).",
-         double(s.decode_rows));
+  metric("batch_rows_total", "counter",
+         "Rows (tokens) through those passes; rows / steps is the mean batch.", double(s.rows));
+  metric("batch_decode_rows_total", "counter",
+         "Decode rows among them (one per busy slot and step).", double(s.decode_rows));
   metric("busy_seconds_total", "counter", "Seconds spent in forward passes.", s.busy_seconds);
   o << "# HELP dory_http_responses_total HTTP responses by status code.\n"
        "# TYPE dory_http_responses_total counter\n";
   std::lock_guard<std::mutex> lk(count_mu);
-  for (const auto& [code, n] : responses) o << "dory_http_responses_total{code=\"" << code << "\"} " << n << '\n';
+  for (const auto& [code, n] : responses)
+    o << "dory_http_responses_total{code=\"" << code << "\"} " << n << '\n';
   return o.str();
 }
 

@@ -38,9 +38,11 @@ struct Mat {
 // One adapter of a matrix [rows x cols]: A [rank x cols] and B [rows x rank], in float.
 struct LoraDelta {
   int64_t rank = 0;
-  float scale = 1;
+  float scale = 1;  // what the run applies: user scale x alpha / rank
   const float* a = nullptr;
   const float* b = nullptr;
+  int adapter = 0;  // which --lora (0, 1, ...): a pass may scale each adapter per row
+  float base = 1;   // alpha / rank alone: a row's own scale multiplies this
 };
 
 // Bytes of a matrix (rows x row_bytes): what one product reads.
@@ -76,22 +78,24 @@ struct KernelSet {
   // writes rows [t0, t1) (row t at x + t*ldx), so rows can be split over
   // threads.
   uint64_t (*batch_bytes)(DType t, int64_t T, int64_t n);
-  void (*quantize_batch)(DType t, const float* x, int64_t ldx, int64_t n, int64_t t0, int64_t t1, uint8_t* out);
+  void (*quantize_batch)(DType t, const float* x, int64_t ldx, int64_t n, int64_t t0, int64_t t1,
+                         uint8_t* out);
   // Y[t*ldy + r] = W[r] . X[t] on a batch: a register-tiled integer GEMM
   // whose result for (t, r) does not depend on T, r0/r1 or the row's place in
   // a tile (matmat gives the same bits for T > 1; T = 1 there is matvec's
   // computation). Its float sums run in another order than matvec's, so the
   // two agree to rounding, not to the bit.
-  void (*matmat_qa)(const Mat& w, const uint8_t* xb, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
+  void (*matmat_qa)(const Mat& w, const uint8_t* xb, int64_t T, float* y, int64_t ldy, int64_t r0,
+                    int64_t r1);
 
   // Attention over n cache rows (row j at k + j*stride, hd floats) for nq query
   // heads that share them (q_i at q + i*hd):
   //   attn_scores: s[i*lds + j] = q_i . k_j
   //   attn_values: out_i (+)= sum_j w[i*ldw + j] v_j  (out_i at out + i*hd; add: accumulate)
-  void (*attn_scores)(const float* q, int nq, const float* k, int64_t stride, int64_t n, int64_t hd, float* s,
-                      int64_t lds);
-  void (*attn_values)(const float* w, int64_t ldw, int nq, const float* v, int64_t stride, int64_t n, int64_t hd,
-                      float* out, bool add);
+  void (*attn_scores)(const float* q, int nq, const float* k, int64_t stride, int64_t n, int64_t hd,
+                      float* s, int64_t lds);
+  void (*attn_values)(const float* w, int64_t ldw, int nq, const float* v, int64_t stride,
+                      int64_t n, int64_t hd, float* out, bool add);
   // out[i] = 1 / (1 + exp(-x[i] * s[i])) (out may be x). The scalar set calls
   // std::exp; the SIMD sets evaluate exp by a polynomial (within ~2 ulp of it;
   // the result within 1e-6 relative or 1e-37 absolute).
@@ -106,7 +110,7 @@ struct KernelSet {
 
 extern const KernelSet kScalar;
 extern const KernelSet kAvx2;
-extern const KernelSet kAvx2Vnni;    // AVX2 + AVX-VNNI (vpdpbusd, VEX)
+extern const KernelSet kAvx2Vnni;  // AVX2 + AVX-VNNI (vpdpbusd, VEX)
 extern const KernelSet kAvx512;
 extern const KernelSet kAvx512Vnni;  // AVX-512 + AVX512_VNNI
 // AVX-512 + VNNI + AVX512_BF16: kAvx512Vnni, but BF16 weights' products on the
@@ -124,7 +128,9 @@ std::vector<const KernelSet*> supported();
 // computes on float inputs), or DORY_ISA=scalar|avx2|avx2vnni|avx512|avx512vnni|
 // avx512bf16 if set.
 const KernelSet& active();
-inline const KernelSet& kernels() { return active(); }
+inline const KernelSet& kernels() {
+  return active();
+}
 
 // A growable 64-byte aligned scratch buffer (e.g. a thread's quantized copy
 // of an input); get() does not keep the old contents.
@@ -146,12 +152,12 @@ namespace detail {
 // ISA-specific code touches a std:: container): a copy of the last input a
 // set quantized, to recognise it, and its quantized form.
 struct ActScratch {
-  int tag;              // which set and activation format made buf; -1: none
-  int64_t rows, cols;   // of the input
-  float* src;           // rows*cols floats, a copy of the input
-  uint64_t src_cap;     // floats
-  uint8_t* buf;         // the quantized input, 64-byte aligned
-  uint64_t buf_cap;     // bytes
+  int tag;             // which set and activation format made buf; -1: none
+  int64_t rows, cols;  // of the input
+  float* src;          // rows*cols floats, a copy of the input
+  uint64_t src_cap;    // floats
+  uint8_t* buf;        // the quantized input, 64-byte aligned
+  uint64_t buf_cap;    // bytes
 };
 constexpr int kActSlots = 8;
 ActScratch& act_scratch(int slot);  // this thread's, slot < kActSlots

@@ -188,5 +188,105 @@ class GgufLora(unittest.TestCase):
             Lora.tearDownClass()
 
 
+
+class ServeLora(unittest.TestCase):
+    """A `lora` field per server request (llama-server's form, [{"id": N, "scale": X}]): one
+    loaded model serves requests with different adapter scales, in the same batch too; a
+    prompt cached under one scale is not reused under another."""
+
+    @classmethod
+    def setUpClass(cls):
+        import socket
+        import tempfile
+        import time
+        import urllib.request
+        cls.tmp = tempfile.mkdtemp(prefix="dory_lora_serve_")
+        mini = os.path.join(ROOT, "models", "dory-mini")
+        rng = np.random.default_rng(9)
+        ad = {}
+        for t, (o, i) in (("backbone.layers.0.mixer.q_proj", (256, 256)), ("lm_head", (4096, 256))):
+            ad["base_model.model." + t + ".lora_A.weight"] = rng.standard_normal((8, i)).astype(np.float32) * 0.3
+            ad["base_model.model." + t + ".lora_B.weight"] = rng.standard_normal((o, 8)).astype(np.float32) * 0.3
+        cls.adapter = os.path.join(cls.tmp, "adapter")
+        os.makedirs(cls.adapter)
+        write_st(os.path.join(cls.adapter, "adapter_model.safetensors"), ad)
+        json.dump({"r": 8, "lora_alpha": 8}, open(os.path.join(cls.adapter, "adapter_config.json"), "w"))
+        cls.servers = []
+
+        def serve(*flags):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            s.close()
+            p = subprocess.Popen([DORY, "serve", "-m", mini, "--port", str(port), "--parallel", "2", "-t", "2", *flags],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+            cls.servers.append(p)
+            url = "http://127.0.0.1:%d" % port
+            for _ in range(200):
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=1).read()
+                    break
+                except Exception:
+                    time.sleep(0.1)
+            return url
+
+        cls.url = serve("--lora", "%s:0.5" % cls.adapter)
+        cls.base_url = serve()
+
+    @classmethod
+    def tearDownClass(cls):
+        for p in cls.servers:
+            p.terminate()
+            p.wait(10)
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def complete(self, url, lora=None, prompt="The king said"):
+        import urllib.error
+        import urllib.request
+        body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        if lora is not None:
+            body["lora"] = lora
+        req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            return json.loads(urllib.request.urlopen(req, timeout=60).read())["choices"][0]["text"]
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())["error"]["message"]
+
+    def test_scales_per_request(self):
+        default = self.complete(self.url)
+        half = self.complete(self.url, [{"id": 0, "scale": 0.5}])
+        off = self.complete(self.url, [])
+        zero = self.complete(self.url, [{"id": 0, "scale": 0}])
+        one = self.complete(self.url, [{"id": 0, "scale": 1.0}])
+        base = self.complete(self.base_url)
+        print("  base %r | lora 0.5 %r | lora 1.0 %r" % (base[:30], half[:30], one[:30]))
+        self.assertEqual(default, half)       # no field: the --lora scale
+        self.assertEqual(off, base)           # an adapter left out runs at 0
+        self.assertEqual(zero, base)
+        self.assertNotEqual(half, base)       # the adapter matters here
+        self.assertNotEqual(one, half)
+        # The same prompt again at another scale: not served from the cache of the first.
+        self.assertEqual(self.complete(self.url, [{"id": 0, "scale": 0.5}]), half)
+        # Two requests at once, in one batch, each with its own scale.
+        import concurrent.futures as cf
+        with cf.ThreadPoolExecutor(2) as ex:
+            f0 = ex.submit(self.complete, self.url, [{"id": 0, "scale": 0}], "The queen said")
+            f1 = ex.submit(self.complete, self.url, [{"id": 0, "scale": 1.0}], "The queen said")
+            got0, got1 = f0.result(), f1.result()
+        self.assertEqual(got0, self.complete(self.base_url, None, "The queen said"))
+        self.assertEqual(got1, self.complete(self.url, [{"id": 0, "scale": 1.0}], "The queen said"))
+
+    def test_bad_lora_fields(self):
+        for lora, msg in (([{"id": 3}], "not loaded"), ({"id": 0}, "must be an array"),
+                          ([{"id": 0, "scale": "x"}], "finite number"), ([{"scale": 1}], "integer id")):
+            code, m = self.complete(self.url, lora)
+            self.assertEqual(code, 400, m)
+            self.assertIn(msg, m)
+        code, m = self.complete(self.base_url, [{"id": 0}])
+        self.assertEqual(code, 400)
+        self.assertIn("no LoRA adapters", m)
+
+
 if __name__ == "__main__":
     unittest.main()

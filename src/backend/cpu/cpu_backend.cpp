@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backend/cpu/ops.h"
 #include "dory/error.h"
 #include "model/weights.h"
 #include "tensor/kernels.h"
@@ -121,10 +122,13 @@ void CpuBackend::begin(const PassRows& r) {
   caches_.resize(n_seq_);
   for (int i = 0; i < n_seq_; ++i) caches_[i] = static_cast<CpuCaches*>(r.caches[i]);
   layer_caches_.resize(n_seq_);
+  lora_.assign(r.lora.begin(), r.lora.end());
   forward_begin(model_->weights(), scratch_, args_);
 }
 
 void CpuBackend::steps(std::span<const Step> plan) {
+  const int na = static_cast<int>(model_->weights().adapter_names.size());
+  LoraRowScales scales(lora_.empty() ? nullptr : lora_.data(), na);
   forward_steps(model_->weights(), pool_, scratch_, args_, plan, [&](const Step& st) {
     for (int i = 0; i < n_seq_; ++i) layer_caches_[i] = &caches_[i]->slot(st.layer, st.slot);
     return std::span<KvCache* const>(layer_caches_);
@@ -137,6 +141,14 @@ void CpuBackend::logits(std::span<const int64_t> rows, float* out) {
   const int64_t H = w.cfg.hidden, n = static_cast<int64_t>(rows.size());
   // One sequence's consecutive rows go through the head where they are; other sets are
   // gathered into s.out (free after the last layer) for one product.
+  // The head's adapters take the chosen rows' scales.
+  const int na = static_cast<int>(w.adapter_names.size());
+  std::vector<float> head_lora;
+  if (!lora_.empty())
+    for (int64_t r = 0; r < n; ++r)
+      head_lora.insert(head_lora.end(), lora_.begin() + rows[r] * na,
+                       lora_.begin() + (rows[r] + 1) * na);
+  LoraRowScales scales(head_lora.empty() ? nullptr : head_lora.data(), na);
   bool run = args_.pos == nullptr;
   for (int64_t r = 1; r < n && run; ++r) run = rows[r] == rows[0] + r;
   if (run) return forward_head(w, pool_, scratch_.x.data() + rows[0] * H, n, out);

@@ -53,6 +53,7 @@ class CpuBackend final : public Backend {
   std::shared_ptr<const Model> model_;
   ThreadPool pool_;
   Scratch scratch_;
+  std::vector<float> lora_;  // the pass's adapter scales per row (PassRows::lora)
   // The pass in progress.
   ChunkArgs args_{};
   int n_seq_ = 0;

@@ -73,6 +73,21 @@ void decode_rows(ThreadPool& pool, const float* x, const uint8_t* const xq[2],
 
 }  // namespace
 
+namespace {
+thread_local const float* t_lora_rows = nullptr;
+thread_local int t_lora_n = 0;
+}  // namespace
+
+LoraRowScales::LoraRowScales(const float* scales, int n) : prev_(t_lora_rows), prev_n_(t_lora_n) {
+  t_lora_rows = scales;
+  t_lora_n = n;
+}
+
+LoraRowScales::~LoraRowScales() {
+  t_lora_rows = prev_;
+  t_lora_n = prev_n_;
+}
+
 void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector<LinearOut>& outs) {
   const kern::KernelSet& k = kern::kernels();
   if (outs.empty()) return;
@@ -91,16 +106,21 @@ void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector
     for (const LinearOut& o : outs) {
       if (!o.w->lora) continue;
       const int64_t n = o.w->cols, m = o.w->rows;
+      const float* rows_scale = t_lora_rows;
+      const int n_ad = t_lora_n;
       for (const kern::LoraDelta& d : *o.w->lora) {
         // A x for every (row, rank) as its own task, then B over blocks of 256 output rows:
         // both spread over the pool (one row of decode would leave a thread alone with it).
         std::vector<float> ax(T * d.rank);
         pool.run(T * d.rank, [&](int64_t task) {
           const int64_t t = task / d.rank, k = task % d.rank;
+          const float sc =
+              rows_scale && d.adapter < n_ad ? d.base * rows_scale[t * n_ad + d.adapter] : d.scale;
           const float* xt = x + t * n;
           double s = 0;
-          for (int64_t c = 0; c < n; ++c) s += double(d.a[k * n + c]) * xt[c];
-          ax[task] = static_cast<float>(s) * d.scale;
+          if (sc != 0.0f)
+            for (int64_t c = 0; c < n; ++c) s += double(d.a[k * n + c]) * xt[c];
+          ax[task] = static_cast<float>(s) * sc;
         });
         const int64_t blocks = (m + 255) / 256;
         pool.run(T * blocks, [&](int64_t task) {

@@ -25,4 +25,19 @@ struct LinearOut {
 };
 void linear_multi(ThreadPool& pool, const float* x, int64_t T, const std::vector<LinearOut>& outs);
 
+// Per-row adapter scales for the products this thread runs next: row t of a product scales
+// adapter a's term by scales[t * n + a] x its alpha / rank (LoraDelta::base) instead of its
+// --lora scale. Null: every row takes the --lora scale. Held while the guard lives.
+class LoraRowScales {
+ public:
+  LoraRowScales(const float* scales, int n);
+  ~LoraRowScales();
+  LoraRowScales(const LoraRowScales&) = delete;
+  LoraRowScales& operator=(const LoraRowScales&) = delete;
+
+ private:
+  const float* prev_;
+  int prev_n_;
+};
+
 }  // namespace dory
