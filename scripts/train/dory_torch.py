@@ -131,6 +131,9 @@ class Dory(nn.Module):
         # Training only (not part of Dory): dropout on the attention output and the MLP
         # hidden, both before a norm; the corpus is small and a 7M model overfits it.
         self.p_drop = 0.0
+        # Training only: a compiled copy of _run_seq (torch.compile), used by forward() in
+        # training mode; evaluation and the reference stay eager.
+        self.seq_compiled = None
 
     # -- initialisation: effective values of an nGPT at its start -----------------------
     @torch.no_grad()
@@ -268,13 +271,14 @@ class Dory(nn.Module):
         pos = torch.arange(ids.shape[1], device=ids.device)
         inp_r, rec_r, out_r = self._block_ranges()
         x = self.backbone.embeddings(ids).float()
-        inp = self._run_seq(inp_r, x, pos, dtype)
+        run = self.seq_compiled if (self.training and self.seq_compiled is not None) else self._run_seq
+        inp = run(inp_r, x, pos, dtype)
         state = inp
         for _ in range(loops):
             h = nrm(state + inp)
-            h = self._run_seq(rec_r, h, pos, dtype)
+            h = run(rec_r, h, pos, dtype)
             state = nrm(h)
-        h = self._run_seq(out_r, state, pos, dtype)
+        h = run(out_r, state, pos, dtype)
         return self.logits(h.to(dtype))
 
     def forward_any(self, ids, loops=None):

