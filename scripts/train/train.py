@@ -536,8 +536,8 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params:,} parameters")
     if args.compile:
-        import torch._dynamo
-        torch._dynamo.config.suppress_errors = True  # a graph that fails to compile runs eager
+        import torch._dynamo as dynamo
+        dynamo.config.suppress_errors = True  # a graph that fails to compile runs eager
         model.seq_compiled = torch.compile(model._run_seq)
 
     mats = [p for p in model.parameters() if p.dim() == 2]

@@ -48,11 +48,9 @@ class SeqCaches {
   virtual KvBytes bytes() const = 0;
   // Exact rows: whether a sealed slot holds rows that wait for the choice.
   virtual bool exact_waiting() const = 0;
-  // Rebuilds every waiting slot's far field with its chosen rows, chosen among every row
-  // that will have left the window when the prompt ends at prompt_end (rows still in the
-  // window now are pinned when they leave it). Returns "" or why the first slot that
-  // failed did (that slot's far field goes on as first sealed).
-  virtual std::string rebuild_exact(int64_t prompt_end) = 0;
+  // Rebuilds every waiting slot's far field with its chosen rows. Returns "" or why the
+  // first slot that failed did (that slot's far field goes on as first sealed).
+  virtual std::string rebuild_exact() = 0;
   // The exact-row features of every waiting slot, without choosing.
   virtual std::vector<SlotFeatures> exact_features() = 0;
 };

@@ -213,9 +213,8 @@ const std::vector<int>& Session::last_passes() const {
 void Session::prompt_end(int64_t end) {
   SessionState& S = *st_;
   if (!S.exact.on) return;
-  // Before the prompt's last w rows (at once when fewer are left): the rows after it are
-  // still in the window when the prompt ends, so every row older than that could be chosen.
-  S.rebuild_at = std::max(S.pos, end - std::max<int64_t>(1, S.o1.w));
+  // Before the prompt's last 512 rows (at once when fewer are left).
+  S.rebuild_at = std::max(S.pos, end - 512);
   S.prompt_end = end;
 }
 
@@ -233,7 +232,7 @@ void Session::rebuild_if_due() {
   // No slot has sealed yet: the rebuild waits for the first that does (within this prompt).
   if (!S.caches->exact_waiting() && S.pos < S.prompt_end) return;
   S.rebuild_at = -1;
-  const std::string why = S.caches->rebuild_exact(S.prompt_end);
+  const std::string why = S.caches->rebuild_exact();
   if (!why.empty() && !S.warned) {
     std::fprintf(stderr, "warning: exact rows: %s; the far field goes on as first sealed\n",
                  why.c_str());

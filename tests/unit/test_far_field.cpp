@@ -6,19 +6,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <random>
 
-#include "backend/cpu/exact_rows.h"
-#include "backend/cpu/far_field.h"
 #include "dory/error.h"
 #include "dory/session.h"
-#include "format/gguf.h"
+#include "backend/cpu/exact_rows.h"
+#include "backend/cpu/far_field.h"
 #include "model/gate.h"
 #include "model/turbo.h"
+#include "format/gguf.h"
 #include "tiny_model.h"
 
 using namespace dory;
@@ -26,8 +27,8 @@ using namespace dory;
 namespace {
 
 // Exact softmax attention of one query over rows [0, p] (one KV head).
-std::vector<double> exact_attention(const std::vector<float>& K, const std::vector<float>& V,
-                                    const float* q, int64_t p, int64_t hd) {
+std::vector<double> exact_attention(const std::vector<float>& K, const std::vector<float>& V, const float* q,
+                                    int64_t p, int64_t hd) {
   std::vector<double> s(p + 1), out(hd, 0.0);
   double mx = -1e300, den = 0;
   for (int64_t j = 0; j <= p; ++j) {
@@ -70,12 +71,10 @@ double far_field_error(int rank, int m) {
   for (float& x : V) x = nd(rng);
   for (int64_t j = 0; j < t; ++j)
     for (int f = 0; f < rank; ++f) {
-      const double kc = 2 * std::cos(double(j) / 50 * (f + 1) + f),
-                   qc = 3 * std::sin(double(j) / 40 + f);
+      const double kc = 2 * std::cos(double(j) / 50 * (f + 1) + f), qc = 3 * std::sin(double(j) / 40 + f);
       for (int64_t i = 0; i < hd; ++i) {
         K[j * hd + i] += static_cast<float>(kc * B[f][i]);
-        for (int64_t h = 0; h < nh; ++h)
-          Q[(j * nh + h) * hd + i] += static_cast<float>(qc * B[f][i]);
+        for (int64_t h = 0; h < nh; ++h) Q[(j * nh + h) * hd + i] += static_cast<float>(qc * B[f][i]);
       }
     }
   O1Params p;
@@ -89,13 +88,11 @@ double far_field_error(int rank, int m) {
   std::vector<float> out(hd);
   for (int trial = 0; trial < 40; ++trial) {
     const float* q = Q.data() + (rng() % t) * nh * hd;  // head 0's query at a random position
-    ff.attend(
-        0, q, t - 1, [&](int64_t j) { return K.data() + j * hd; },
-        [&](int64_t j) { return V.data() + j * hd; }, out.data());
+    ff.attend(0, q, t - 1, [&](int64_t j) { return K.data() + j * hd; }, [&](int64_t j) { return V.data() + j * hd; },
+              out.data());
     const std::vector<double> ref = exact_attention(K, V, q, t - 1, hd);
     double err = 0, mag = 0;
-    for (int64_t i = 0; i < hd; ++i)
-      err = std::max(err, std::fabs(out[i] - ref[i])), mag = std::max(mag, std::fabs(ref[i]));
+    for (int64_t i = 0; i < hd; ++i) err = std::max(err, std::fabs(out[i] - ref[i])), mag = std::max(mag, std::fabs(ref[i]));
     worst = std::max(worst, err / mag);
   }
   return worst;
@@ -115,52 +112,9 @@ TEST(FarField, LowRankKeysAreCloseToExactAttention) {
   } cases[] = {{1, 32, 5e-4}, {1, 8, 7e-3}, {2, 32, 5e-3}, {3, 32, 1.5e-2}};
   for (const auto& c : cases) {
     const double e = far_field_error(c.rank, c.m);
-    std::printf("  rank %d, m %2d: max relative error %.2e (bound %.0e)\n", c.rank, c.m, e,
-                c.bound);
+    std::printf("  rank %d, m %2d: max relative error %.2e (bound %.0e)\n", c.rank, c.m, e, c.bound);
     EXPECT_LT(e, c.bound) << "rank " << c.rank << " m " << c.m;
   }
-}
-
-// A row chosen while it is still in the window (the rebuild runs w rows before a prompt's
-// end) becomes a pinned row when it leaves the window, not a part of the accumulators: the
-// state then equals a build at the later position with the same choice. Rows 200 (already
-// far) and 520 (in the window [496, 560) at t = 560) are chosen; 40 more rows come in.
-TEST(FarField, RowsChosenInTheWindowArePinnedWhenTheyLeaveIt) {
-  const int64_t nh = 2, nk = 1, hd = 16, t = 560, more = 40;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd;
-  std::vector<float> K((t + more) * hd), V((t + more) * hd), Q((t + more) * nh * hd);
-  for (float& x : K) x = nd(rng);
-  for (float& x : V) x = nd(rng);
-  for (float& x : Q) x = nd(rng);
-  O1Params p;
-  p.on = true, p.m = 8, p.w = 64, p.sink = 4, p.seal = 300;
-  auto k = [&](int64_t j) { return K.data() + j * hd; };
-  auto v = [&](int64_t j) { return V.data() + j * hd; };
-  auto q = [&](int64_t j) { return Q.data() + j * nh * hd; };
-  const std::vector<int64_t> chosen = {200, 520};
-  FarField early(p, nh, nk, hd);
-  early.build(t, k, v, q, chosen);
-  EXPECT_EQ(early.pinned_rows(), p.sink + 1);  // 520 waits in the window
-  for (int64_t j = t - p.w; j < t + more - p.w; ++j) early.insert(k(j), v(j));
-  EXPECT_EQ(early.far_end(), t + more - p.w);
-  ASSERT_EQ(early.pinned_rows(), p.sink + 2);
-  EXPECT_EQ(early.pinned_positions().back(), 520);
-  EXPECT_EQ(std::memcmp(early.pinned_k(p.sink + 1), k(520), hd * sizeof(float)), 0);
-  // Without the choice, row 520 went into the accumulators: another read at the end.
-  FarField plain(p, nh, nk, hd);
-  plain.build(t, k, v, q, std::vector<int64_t>{200});
-  for (int64_t j = t - p.w; j < t + more - p.w; ++j) plain.insert(k(j), v(j));
-  EXPECT_EQ(plain.pinned_rows(), p.sink + 1);
-  // A query that matches row 520's key: exact through the pin, diluted without it.
-  std::vector<float> qq(hd), a(hd), b(hd);
-  for (int64_t i = 0; i < hd; ++i) qq[i] = 8 * K[520 * hd + i];
-  early.attend(0, qq.data(), t + more - 1, k, v, a.data());
-  plain.attend(0, qq.data(), t + more - 1, k, v, b.data());
-  double da = 0, db = 0;
-  for (int64_t i = 0; i < hd; ++i)
-    da += std::fabs(a[i] - V[520 * hd + i]), db += std::fabs(b[i] - V[520 * hd + i]);
-  EXPECT_LT(da, db);
 }
 
 TEST(FarField, RidgeInverseInvertsAWellConditionedMatrix) {
@@ -200,8 +154,7 @@ TEST(FarField, KvBytesAreConstantAfterTheSeal) {
     const KvBytes kb = s.kv_bytes_split();
     EXPECT_GT(kb.far, 0u);
     std::printf("  %6lld positions: kv %llu bytes (exact %llu + far %llu)\n", (long long)at,
-                (unsigned long long)bytes.back(), (unsigned long long)kb.exact,
-                (unsigned long long)kb.far);
+                (unsigned long long)bytes.back(), (unsigned long long)kb.exact, (unsigned long long)kb.far);
   }
   EXPECT_EQ(bytes[0], bytes[1]);
   EXPECT_EQ(bytes[1], bytes[2]);
@@ -261,8 +214,7 @@ TEST(Gate, TopProbabilityAndParsing) {
   EXPECT_EQ(parse_gate("recon:-1.5").bias.value(), -1.5);
   EXPECT_FALSE(parse_gate("recon").bias.has_value());
   EXPECT_EQ(parse_gate("off").kind, GateParams::Kind::Off);
-  for (const char* bad : {"conf", "conf:", "conf:2", "recon:x", "on", ""})
-    EXPECT_THROW(parse_gate(bad), Error) << bad;
+  for (const char* bad : {"conf", "conf:", "conf:2", "recon:x", "on", ""}) EXPECT_THROW(parse_gate(bad), Error) << bad;
 }
 
 // --- Rows kept exact (docs/model.md section 6) ---------------------------------------
@@ -292,21 +244,19 @@ TEST(ExactRows, AKeyOffAThinSubspaceIsChosenWithItsNeighbours) {
   // A budget beyond the candidates takes them all, each once.
   const auto all = choose_exact_rows(score, p.sink, t - p.w, 10000);
   EXPECT_EQ(static_cast<int64_t>(all.size()), t - p.w - p.sink);
-  EXPECT_EQ(rank_shares({3.0, 1.0, 2.0, 1.0}),
-            (std::vector<double>{1.0, 1.0 / 6, 2.0 / 3, 1.0 / 6}));
+  EXPECT_EQ(rank_shares({3.0, 1.0, 2.0, 1.0}), (std::vector<double>{1.0, 1.0 / 6, 2.0 / 3, 1.0 / 6}));
 }
 
 namespace {
-std::vector<float> prompt_logits(const SessionOptions& o, const std::vector<int32_t>& ids,
-                                 std::string* err = nullptr) {
+std::vector<float> prompt_logits(const SessionOptions& o, const std::vector<int32_t>& ids, std::string* err = nullptr) {
   auto pool = fixture::cpu(2);
   Session s(pool, o);
   s.prompt_end(static_cast<int64_t>(ids.size()));
   testing::internal::CaptureStderr();
-  // Fed as two parts split where the exact-row rebuild happens (the far field's w rows
-  // before the end), so runs with and without it go through the same chunks (last_loop
-  // results depend on the chunk schedule).
-  const size_t split = ids.size() - static_cast<size_t>(o.o1->w);
+  // Fed as two parts split where the exact-row rebuild happens (512 rows before the
+  // end), so runs with and without it go through the same chunks (last_loop results
+  // depend on the chunk schedule).
+  const size_t split = ids.size() - 512;
   s.forward(std::span(ids).first(split), Logits::None);
   auto l = s.forward(std::span(ids).subspan(split), Logits::Last);
   const std::string e = testing::internal::GetCapturedStderr();
@@ -377,9 +327,7 @@ TEST(ExactRows, AnUnusableSpillDirectoryLeavesTheFarFieldWorkingWithAWarning) {
   o.spill_dir = "/nonexistent/dory-spill";
   std::string err;
   const std::vector<float> got = prompt_logits(o, ids, &err);
-  EXPECT_NE(err.find("warning: exact rows: cannot create /nonexistent/dory-spill"),
-            std::string::npos)
-      << err;
+  EXPECT_NE(err.find("warning: exact rows: cannot create /nonexistent/dory-spill"), std::string::npos) << err;
   EXPECT_NE(err.find("the far field goes on as first sealed"), std::string::npos) << err;
   ASSERT_EQ(got.size(), plain.size());
   EXPECT_EQ(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)), 0);
@@ -398,8 +346,7 @@ TEST(ExactRows, OptionsAreChecked) {
   o2.o1 = parse_o1("8,16,2,64");
   o2.exact = parse_exact("12");  // the tiny model file has no weights
   EXPECT_THROW(Session(pool, o2), Error);
-  for (const char* bad : {"", "x", "0", "99999", ":5", "f:"})
-    EXPECT_THROW(parse_exact(bad), Error) << bad;
+  for (const char* bad : {"", "x", "0", "99999", ":5", "f:"}) EXPECT_THROW(parse_exact(bad), Error) << bad;
   EXPECT_EQ(parse_exact("t.gguf:64").source, "t.gguf");
   EXPECT_FALSE(parse_exact("off").on);
 }
@@ -407,8 +354,7 @@ TEST(ExactRows, OptionsAreChecked) {
 // --- Turbo files (docs/model.md section 7) --------------------------------------------
 
 namespace {
-std::string write_turbo_gguf(const std::function<void(gguf::Writer&)>& fill,
-                             const std::vector<std::vector<float>>& data) {
+std::string write_turbo_gguf(const std::function<void(gguf::Writer&)>& fill, const std::vector<std::vector<float>>& data) {
   char tmpl[] = "/tmp/dory_turbo_XXXXXX";
   const int fd = mkstemp(tmpl);
   close(fd);
@@ -434,10 +380,9 @@ TEST(Turbo, KeysAndTensorsAreReadAndCheckedWithClearErrors) {
   t.router.easy_basis.assign(128, 0.1f), t.router.hard_basis.assign(64, 0.2f);
   t.router.bias = -0.25;
   t.exact_weights.assign(3 * 4, 0.75f);
-  const std::string ok =
-      write_turbo_gguf([&](gguf::Writer& w) { declare_turbo(w, t, c); },
-                       {t.router.easy_mean, t.router.easy_basis, t.router.hard_mean,
-                        t.router.hard_basis, t.exact_weights});
+  const std::string ok = write_turbo_gguf([&](gguf::Writer& w) { declare_turbo(w, t, c); },
+                                          {t.router.easy_mean, t.router.easy_basis, t.router.hard_mean,
+                                           t.router.hard_basis, t.exact_weights});
   const Turbo r = read_turbo(gguf::File(ok), c);
   EXPECT_TRUE(r.present);
   EXPECT_EQ(r.o1->str(), "8,16,2,64");
@@ -449,8 +394,8 @@ TEST(Turbo, KeysAndTensorsAreReadAndCheckedWithClearErrors) {
   EXPECT_EQ(load_exact_weights(ok, c), t.exact_weights);
   std::remove(ok.c_str());
 
-  auto expect_error = [&](const std::function<void(gguf::Writer&)>& fill,
-                          const std::vector<std::vector<float>>& d, const char* what) {
+  auto expect_error = [&](const std::function<void(gguf::Writer&)>& fill, const std::vector<std::vector<float>>& d,
+                          const char* what) {
     const std::string p = write_turbo_gguf(fill, d);
     try {
       read_turbo(gguf::File(p), c);
@@ -460,32 +405,19 @@ TEST(Turbo, KeysAndTensorsAreReadAndCheckedWithClearErrors) {
     }
     std::remove(p.c_str());
   };
-  expect_error(
-      [](gguf::Writer& w) {
-        w.set("dory.turbo.o1", gguf::Value::array(gguf::VType::U32, {gguf::Value::u32(8)}));
-      },
-      {}, "dory.turbo.o1");
-  expect_error(
-      [](gguf::Writer& w) {
-        w.set("dory.turbo.o1",
-              gguf::Value::array(gguf::VType::U32, {gguf::Value::u32(8), gguf::Value::u32(16),
-                                                    gguf::Value::u32(2), gguf::Value::u32(20)}));
-      },
-      {}, "seal");
-  expect_error([](gguf::Writer& w) { w.set("dory.turbo.exit_bias", gguf::Value::str("x")); }, {},
-               "dory.turbo.exit_bias");
-  expect_error([](gguf::Writer& w) { w.set("dory.turbo.exact_budget", gguf::Value::u32(100000)); },
-               {}, "dory.turbo.exact_budget");
+  expect_error([](gguf::Writer& w) { w.set("dory.turbo.o1", gguf::Value::array(gguf::VType::U32, {gguf::Value::u32(8)})); },
+               {}, "dory.turbo.o1");
+  expect_error([](gguf::Writer& w) {
+    w.set("dory.turbo.o1", gguf::Value::array(gguf::VType::U32, {gguf::Value::u32(8), gguf::Value::u32(16),
+                                                                  gguf::Value::u32(2), gguf::Value::u32(20)}));
+  }, {}, "seal");
+  expect_error([](gguf::Writer& w) { w.set("dory.turbo.exit_bias", gguf::Value::str("x")); }, {}, "dory.turbo.exit_bias");
+  expect_error([](gguf::Writer& w) { w.set("dory.turbo.exact_budget", gguf::Value::u32(100000)); }, {},
+               "dory.turbo.exact_budget");
   expect_error([](gguf::Writer& w) { w.add_tensor("dory_router.easy_mean", DType::F32, {64}); },
                {std::vector<float>(64, 1.0f)}, "needs all four");
-  expect_error(
-      [](gguf::Writer& w) {
-        w.add_tensor("dory_exact.weight", DType::F32, {2, 4});
-      },
-      {std::vector<float>(8, 1.0f)}, "one row per full-attention layer");
-  expect_error(
-      [](gguf::Writer& w) {
-        w.add_tensor("dory_exact.weight", DType::F32, {3, 5});
-      },
-      {std::vector<float>(15, 1.0f)}, "wrong shape");
+  expect_error([](gguf::Writer& w) { w.add_tensor("dory_exact.weight", DType::F32, {2, 4}); },
+               {std::vector<float>(8, 1.0f)}, "one row per full-attention layer");
+  expect_error([](gguf::Writer& w) { w.add_tensor("dory_exact.weight", DType::F32, {3, 5}); },
+               {std::vector<float>(15, 1.0f)}, "wrong shape");
 }

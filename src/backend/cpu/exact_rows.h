@@ -1,5 +1,5 @@
 // Rows kept exact past the seal (docs/model.md section 6). Landmarks lose rare facts (a
-// password, a number); near a prompt's end, before its last w rows, each sealed
+// password, a number); at a prompt's end, before its last 512 rows, each sealed
 // full slot rebuilds its far field over all the prompt's rows with a budget of
 // chosen rows kept exact (pinned next to the sinks).
 //

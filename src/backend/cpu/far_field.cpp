@@ -72,11 +72,7 @@ double dotd(const A* a, const B* b, int64_t n) {
 }  // namespace
 
 FarField::FarField(const O1Params& p, int64_t n_head, int64_t n_kv_head, int64_t head_dim)
-    : p_(p),
-      nh_(n_head),
-      nk_(n_kv_head),
-      hd_(head_dim),
-      group_(n_head / n_kv_head),
+    : p_(p), nh_(n_head), nk_(n_kv_head), hd_(head_dim), group_(n_head / n_kv_head),
       inv_sqrt_d_(1.0 / std::sqrt(double(head_dim))) {}
 
 namespace {
@@ -86,8 +82,8 @@ int landmark_count(const O1Params& p, int64_t t) {
 }
 }  // namespace
 
-std::vector<double> FarField::key_landmarks(const O1Params& p, int64_t t, int64_t nk, int64_t hd,
-                                            const RowFn& k, int* m_out) {
+std::vector<double> FarField::key_landmarks(const O1Params& p, int64_t t, int64_t nk, int64_t hd, const RowFn& k,
+                                            int* m_out) {
   const int m = landmark_count(p, t);
   const int64_t L = t - p.sink, KW = nk * hd;
   std::vector<double> kt(size_t(nk) * m * hd, 0.0), acc(KW);
@@ -99,29 +95,20 @@ std::vector<double> FarField::key_landmarks(const O1Params& p, int64_t t, int64_
       for (int64_t i = 0; i < KW; ++i) acc[i] += kr[i];
     }
     for (int64_t g = 0; g < nk; ++g)
-      for (int64_t d = 0; d < hd; ++d)
-        kt[(size_t(g) * m + s) * hd + d] = acc[g * hd + d] / double(e - b);
+      for (int64_t d = 0; d < hd; ++d) kt[(size_t(g) * m + s) * hd + d] = acc[g * hd + d] / double(e - b);
   }
   *m_out = m;
   return kt;
 }
 
-void FarField::build(int64_t t, const RowFn& k, const RowFn& v, const RowFn& q,
-                     std::span<const int64_t> exact) {
+void FarField::build(int64_t t, const RowFn& k, const RowFn& v, const RowFn& q, std::span<const int64_t> exact) {
   const int64_t KW = nk_ * hd_, sink = p_.sink, w = p_.w;
-  if (t <= w + sink + 8)
-    throw Error("far field: " + std::to_string(t) + " rows are too few to seal");
+  if (t <= w + sink + 8) throw Error("far field: " + std::to_string(t) + " rows are too few to seal");
   // Pinned rows: the sinks, then the chosen exact rows.
   pinned_pos_.clear();
   for (int64_t j = 0; j < sink; ++j) pinned_pos_.push_back(j);
-  pin_later_.clear();
-  pin_next_ = 0;
-  for (int64_t j : exact) {
-    if (j >= sink && j < t - w && (pinned_pos_.empty() || j > pinned_pos_.back()))
-      pinned_pos_.push_back(j);
-    if (j >= t - w && j < t && (pin_later_.empty() || j > pin_later_.back()))
-      pin_later_.push_back(j);
-  }
+  for (int64_t j : exact)
+    if (j >= sink && j < t - w && (pinned_pos_.empty() || j > pinned_pos_.back())) pinned_pos_.push_back(j);
   pinned_k_.resize(pinned_pos_.size() * KW);
   pinned_v_.resize(pinned_pos_.size() * KW);
   for (size_t i = 0; i < pinned_pos_.size(); ++i) {
@@ -168,16 +155,14 @@ void FarField::build(int64_t t, const RowFn& k, const RowFn& v, const RowFn& q,
     double mx = -std::numeric_limits<double>::infinity();
     for (int a = 0; a < m_; ++a)
       for (int b = 0; b < m_; ++b) {
-        const double s = dotd(qt_.data() + (size_t(h) * m_ + a) * hd_,
-                              kt_.data() + (size_t(g) * m_ + b) * hd_, hd_) *
+        const double s = dotd(qt_.data() + (size_t(h) * m_ + a) * hd_, kt_.data() + (size_t(g) * m_ + b) * hd_, hd_) *
                          inv_sqrt_d_;
         A[size_t(a) * m_ + b] = s;
         mx = std::max(mx, s);
       }
     for (double& x : A) x = std::exp(x - mx);
     shift_[h] = mx;
-    if (!ridge_pinv(A, m_, 1e-6, Mi))
-      throw Error("far field: the landmark kernel has no ridge inverse");
+    if (!ridge_pinv(A, m_, 1e-6, Mi)) throw Error("far field: the landmark kernel has no ridge inverse");
     std::copy(Mi.begin(), Mi.end(), M_.begin() + size_t(h) * m_ * m_);
   }
 
@@ -193,28 +178,12 @@ void FarField::build(int64_t t, const RowFn& k, const RowFn& v, const RowFn& q,
       far_end_ = j + 1;  // pinned: stays exact, not in the accumulators
       continue;
     }
-    accumulate(k(j), v(j));
-    far_end_ = j + 1;
+    insert(k(j), v(j));
   }
   far_end_ = t - w;
 }
 
 void FarField::insert(const float* k, const float* v) {
-  if (pin_next_ < pin_later_.size() && pin_later_[pin_next_] == far_end_) {
-    // Chosen at build() while still in the window: stays exact.
-    const int64_t KW = nk_ * hd_;
-    pinned_pos_.push_back(far_end_);
-    pinned_k_.insert(pinned_k_.end(), k, k + KW);
-    pinned_v_.insert(pinned_v_.end(), v, v + KW);
-    ++pin_next_;
-    ++far_end_;
-    return;
-  }
-  accumulate(k, v);
-  ++far_end_;
-}
-
-void FarField::accumulate(const float* k, const float* v) {
   for (int64_t h = 0; h < nh_; ++h) {
     const int64_t g = h / group_;
     const float* kh = k + g * hd_;
@@ -234,10 +203,10 @@ void FarField::accumulate(const float* k, const float* v) {
       Z_[li] += e;
     }
   }
+  ++far_end_;
 }
 
-void FarField::attend(int64_t h, const float* q, int64_t p, const RowFn& wk, const RowFn& wv,
-                      float* out) const {
+void FarField::attend(int64_t h, const float* q, int64_t p, const RowFn& wk, const RowFn& wv, float* out) const {
   const int64_t KW = nk_ * hd_, g = h / group_, np = static_cast<int64_t>(pinned_pos_.size());
   // Exact scores: pinned rows, then the window [far_end_, p].
   const int64_t nw = std::max<int64_t>(0, p - far_end_ + 1);
@@ -270,8 +239,7 @@ void FarField::attend(int64_t h, const float* q, int64_t p, const RowFn& wk, con
     }
     for (int b = 0; b < m_; ++b) {
       if (p_.clamp) u[b] = std::max(0.0, u[b]);
-      ex[b] = Z_[base + b] > 0 ? f + mx_[base + b] - shift_[h]
-                               : -std::numeric_limits<double>::infinity();
+      ex[b] = Z_[base + b] > 0 ? f + mx_[base + b] - shift_[h] : -std::numeric_limits<double>::infinity();
       if (Z_[base + b] > 0 && u[b] != 0) c = std::max(c, ex[b]);
     }
   }
@@ -279,8 +247,7 @@ void FarField::attend(int64_t h, const float* q, int64_t p, const RowFn& wk, con
   double den = 0;
   for (int64_t i = 0; i < np + nw; ++i) {
     const double e = std::exp(sc[i] - c);
-    const float* vr =
-        i < np ? pinned_v_.data() + i * KW + g * hd_ : wv(far_end_ + (i - np)) + g * hd_;
+    const float* vr = i < np ? pinned_v_.data() + i * KW + g * hd_ : wv(far_end_ + (i - np)) + g * hd_;
     for (int64_t d = 0; d < hd_; ++d) num[d] += e * vr[d];
     den += e;
   }
@@ -306,9 +273,9 @@ void FarField::attend(int64_t h, const float* q, int64_t p, const RowFn& wk, con
 }
 
 uint64_t FarField::bytes() const {
-  return pinned_k_.capacity() * 4 + pinned_v_.capacity() * 4 + kt_.capacity() * 8 +
-         qt_.capacity() * 8 + M_.capacity() * 8 + shift_.capacity() * 8 + T_.capacity() * 8 +
-         Z_.capacity() * 8 + mx_.capacity() * 8 + pinned_pos_.capacity() * 8;
+  return pinned_k_.capacity() * 4 + pinned_v_.capacity() * 4 + kt_.capacity() * 8 + qt_.capacity() * 8 +
+         M_.capacity() * 8 + shift_.capacity() * 8 + T_.capacity() * 8 + Z_.capacity() * 8 + mx_.capacity() * 8 +
+         pinned_pos_.capacity() * 8;
 }
 
 }  // namespace dory

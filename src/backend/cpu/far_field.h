@@ -39,14 +39,12 @@ class FarField {
   using RowFn = std::function<const float*(int64_t pos)>;
 
   // (Re)builds the state over rows [0, t): the rows [0, sink) and `exact` (sorted
-  // positions in [sink, t)) become pinned rows, those in the window [t - w, t) when they
-  // leave it (insert()); landmarks from rows [sink, t); rows [sink, t - w) that are not
-  // pinned go into the accumulators in order. Afterwards far_end() == t - w. Needs
-  // t > w + sink + 8.
+  // positions in [sink, t - w)) become pinned rows; landmarks from rows [sink, t);
+  // rows [sink, t - w) that are not pinned go into the accumulators in order.
+  // Afterwards far_end() == t - w. Needs t > w + sink + 8.
   void build(int64_t t, const RowFn& k, const RowFn& v, const RowFn& q, std::span<const int64_t> exact = {});
 
-  // Row far_end() leaves the window: its key and value go into the accumulators, or
-  // become a pinned row when build() chose it while it was still in the window.
+  // Row far_end() leaves the window: its key and value go into the accumulators.
   void insert(const float* k, const float* v);
 
   // The segment-mean landmark keys over rows [sink, t) ([n_kv_head x m x head_dim])
@@ -77,9 +75,6 @@ class FarField {
   int64_t far_end_ = 0;
   double inv_sqrt_d_;
   std::vector<int64_t> pinned_pos_;
-  std::vector<int64_t> pin_later_;  // chosen rows still in the window at build(), ascending
-  size_t pin_next_ = 0;
-  void accumulate(const float* k, const float* v);
   std::vector<float> pinned_k_, pinned_v_;  // [pinned x nk*hd]
   std::vector<double> kt_;                  // [nk x m x hd] landmark keys
   std::vector<double> qt_;                  // [nh x m x hd] landmark queries

@@ -10,25 +10,10 @@ namespace dory {
 KvCache::KvCache(int64_t row_width, int64_t ring) : width_(row_width), ring_(ring) {}
 
 KvCache::KvCache(const KvCache& o)
-    : width_(o.width_),
-      ring_(o.ring_),
-      rows_(o.rows_),
-      first_(o.first_),
-      k_(o.k_),
-      v_(o.v_),
-      far_on_(o.far_on_),
-      o1_(o.o1_),
-      n_head_(o.n_head_),
-      n_kv_head_(o.n_kv_head_),
-      head_dim_(o.head_dim_),
-      q_width_(o.q_width_),
-      ring_after_seal_(o.ring_after_seal_),
-      q_(o.q_),
-      far_(o.far_ ? std::make_unique<FarField>(*o.far_) : nullptr),
-      exact_on_(o.exact_on_),
-      exact_w_(o.exact_w_),
-      exact_budget_(o.exact_budget_),
-      spill_dir_(o.spill_dir_),
+    : width_(o.width_), ring_(o.ring_), rows_(o.rows_), first_(o.first_), k_(o.k_), v_(o.v_), far_on_(o.far_on_),
+      o1_(o.o1_), n_head_(o.n_head_), n_kv_head_(o.n_kv_head_), head_dim_(o.head_dim_), q_width_(o.q_width_),
+      ring_after_seal_(o.ring_after_seal_), q_(o.q_), far_(o.far_ ? std::make_unique<FarField>(*o.far_) : nullptr),
+      exact_on_(o.exact_on_), exact_w_(o.exact_w_), exact_budget_(o.exact_budget_), spill_dir_(o.spill_dir_),
       tag_(o.tag_ + "c") {
   // A copy (a loop index first used mid-sequence) cannot share the waiting rows:
   // it keeps its far field as sealed and chooses no exact rows.
@@ -48,8 +33,8 @@ void KvCache::enable_far(const O1Params& p, int64_t n_head, int64_t n_kv_head, i
   ring_after_seal_ = std::max<int64_t>(ring_after_seal, p.w + 1);
 }
 
-void KvCache::enable_exact(std::vector<float> layer_weights, int64_t budget,
-                           const std::string& spill_dir, const std::string& tag) {
+void KvCache::enable_exact(std::vector<float> layer_weights, int64_t budget, const std::string& spill_dir,
+                           const std::string& tag) {
   if (!far_on_ || budget <= 0) return;
   exact_on_ = true;
   exact_w_ = std::move(layer_weights);
@@ -84,8 +69,7 @@ void KvCache::seal(int64_t t) {
   // one query row in 8) until the prompt's end.
   if (exact_on_) {
     store_ = std::make_unique<RowStore>(width_, q_width_, spill_dir_, tag_);
-    for (int64_t j = o1_.sink; j < t - w && store_->ok(); ++j)
-      store_->put(j, k_.data() + j * width_, v_.data() + j * width_);
+    for (int64_t j = o1_.sink; j < t - w && store_->ok(); ++j) store_->put(j, k_.data() + j * width_, v_.data() + j * width_);
     for (int64_t j = o1_.sink; j < t && store_->ok(); ++j)
       if (j % 8 == 0) store_->put_q(j, q_.data() + j * q_width_);
   }
@@ -100,8 +84,7 @@ void KvCache::seal(int64_t t) {
 void KvCache::begin_write(int64_t start, int64_t end) {
   if (far_on_) {
     // Rows before `start` are final: seal over them, or fold those that left the window.
-    if (!far_ && start >= o1_.seal && start > int64_t(o1_.w) + o1_.sink + 8 && start <= rows_)
-      seal(start);
+    if (!far_ && start >= o1_.seal && start > int64_t(o1_.w) + o1_.sink + 8 && start <= rows_) seal(start);
     if (far_) {
       while (far_->far_end() < start - o1_.w) {
         const int64_t j = far_->far_end();
@@ -167,19 +150,16 @@ bool KvCache::with_all_rows(const std::function<void(const FarField::RowFn&, con
   return true;
 }
 
-bool KvCache::rebuild_exact(int64_t prompt_end, std::string* why) {
+bool KvCache::rebuild_exact(std::string* why) {
   const int64_t t = rows_, sink = o1_.sink, w = o1_.w;
-  // Candidates: the far rows and the window rows that leave the window before the prompt ends.
-  const int64_t hi = std::clamp(prompt_end - w, t - w, t);
   std::unique_ptr<FarField> rebuilt;
   const bool ok = with_all_rows(
       [&](const FarField::RowFn& K, const FarField::RowFn& V, const FarField::RowFn& Q) {
         int m = 0;
-        const std::vector<double> landmarks =
-            FarField::key_landmarks(o1_, t, n_kv_head_, head_dim_, K, &m);
+        const std::vector<double> landmarks = FarField::key_landmarks(o1_, t, n_kv_head_, head_dim_, K, &m);
         const std::vector<double> score =
-            exact_scores(K, V, sink, hi, landmarks, m, n_kv_head_, head_dim_, exact_w_);
-        const std::vector<int64_t> chosen = choose_exact_rows(score, sink, hi, exact_budget_);
+            exact_scores(K, V, sink, t - w, landmarks, m, n_kv_head_, head_dim_, exact_w_);
+        const std::vector<int64_t> chosen = choose_exact_rows(score, sink, t - w, exact_budget_);
         rebuilt = std::make_unique<FarField>(o1_, n_head_, n_kv_head_, head_dim_);
         rebuilt->build(t, K, V, Q, chosen);
       },
@@ -197,8 +177,7 @@ bool KvCache::exact_features(int64_t* lo, int64_t* hi, std::vector<double>* f) {
   return with_all_rows(
       [&](const FarField::RowFn& K, const FarField::RowFn& V, const FarField::RowFn&) {
         int m = 0;
-        const std::vector<double> landmarks =
-            FarField::key_landmarks(o1_, t, n_kv_head_, head_dim_, K, &m);
+        const std::vector<double> landmarks = FarField::key_landmarks(o1_, t, n_kv_head_, head_dim_, K, &m);
         *f = dory::exact_features(K, V, sink, t - w, landmarks, m, n_kv_head_, head_dim_);
       },
       &why);
@@ -215,9 +194,7 @@ void KvCache::truncate(int64_t n) {
   first_ = std::min(first_, rows_);
 }
 
-uint64_t KvCache::far_bytes() const {
-  return far_ ? far_->bytes() : 0;
-}
+uint64_t KvCache::far_bytes() const { return far_ ? far_->bytes() : 0; }
 
 uint64_t KvCache::bytes() const {
   return (k_.capacity() + v_.capacity() + q_.capacity()) * sizeof(float) + far_bytes() +

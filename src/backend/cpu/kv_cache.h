@@ -38,12 +38,10 @@ class KvCache {
   // (docs/model.md section 6), with this layer's weights [n_kv_head x 2].
   void enable_exact(std::vector<float> layer_weights, int64_t budget, const std::string& spill_dir,
                     const std::string& tag);
-  // Near a prompt's end (prompt_end - w at the latest): rebuilds the far field over every
-  // row with the chosen rows kept exact, then drops the store. The rows are chosen among
-  // every row that will be out of the window at prompt_end, those still in it now included
-  // (they are pinned as they leave it). False (with *why) when there is nothing to do or
-  // the store failed; the far field is then left as it was.
-  bool rebuild_exact(int64_t prompt_end, std::string* why);
+  // At a prompt's end: rebuilds the far field over every row with the chosen rows
+  // kept exact, then drops the store. False (with *why) when there is nothing to do
+  // or the store failed; the far field is then left as it was.
+  bool rebuild_exact(std::string* why);
   bool has_store() const { return static_cast<bool>(store_); }
   // The exact-row features of rows [*lo, *hi) (see exact_rows.h), without choosing.
   bool exact_features(int64_t* lo, int64_t* hi, std::vector<double>* f);
