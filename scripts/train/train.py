@@ -462,6 +462,14 @@ LOOP_STAGES = {
     "deep": [(0.0, {1: 1, 2: 2}), (0.15, {1: 1, 2: 3, 3: 2}), (0.4, {1: 1, 2: 3, 3: 2, 4: 3})],
     # The first built-in model's draw (1 in 6 steps at one loop once all counts are in).
     "even": [(0.0, {1: 1, 2: 1}), (0.25, {1: 1, 2: 2, 3: 1}), (0.5, {1: 1, 2: 2, 3: 1, 4: 2})],
+    # Weighted toward the deepest count once it is in (1 step in 12 at one loop).
+    "late": [(0.0, {1: 1, 2: 2}), (0.2, {1: 1, 2: 3, 3: 3}), (0.45, {1: 1, 2: 3, 3: 3, 4: 5})],
+    # One step in 25 at one loop: the single pass is kept in reach, not tuned.
+    "rare1": [(0.0, {1: 1, 2: 6}), (0.2, {1: 1, 2: 8, 3: 6}), (0.45, {1: 1, 2: 8, 3: 6, 4: 10})],
+    # Never one loop (the bracket's other end: what the single pass is worth untrained).
+    "no1": [(0.0, {2: 1}), (0.2, {2: 4, 3: 3}), (0.45, {2: 4, 3: 3, 4: 5})],
+    # As no1, with more of the last stage at four loops (so four passes are not worse than two).
+    "deep2": [(0.0, {2: 1}), (0.2, {2: 4, 3: 3}), (0.45, {2: 3, 3: 3, 4: 6})],
 }
 
 
@@ -485,13 +493,16 @@ def main():
     ap.add_argument("--passkey-share", type=float, default=0.25)
     ap.add_argument("--task-share", type=float, default=0.3,
                     help="share of each batch's rows packed with task-suite items (tasks.py)")
-    ap.add_argument("--dropout", type=float, default=0.1)
-    ap.add_argument("--loop-schedule", default="deep", choices=sorted(LOOP_STAGES))
+    ap.add_argument("--dropout", type=float, default=0.2)
+    ap.add_argument("--loop-schedule", default="deep2", choices=sorted(LOOP_STAGES))
     ap.add_argument("--compile", type=int, default=1, help="torch.compile the layer blocks (1) or not (0)")
-    ap.add_argument("--task-eval", type=int, default=200, help="held-out task items asked at the end")
-    ap.add_argument("--minutes", type=float, default=8.0,
+    ap.add_argument("--task-eval", type=int, default=120, help="held-out task items asked at the end")
+    ap.add_argument("--minutes", type=float, default=6.4,
                     help="stop training (and export) after this long even if steps remain")
-    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--eval-every", type=int, default=300)
+    ap.add_argument("--eval-rows", type=int, default=24, help="held-out rows of 1,024 tokens per evaluation")
+    ap.add_argument("--ratio-weight", type=float, default=2.0,
+                    help="weight of the 2-over-1 loop gain (nats) when the kept checkpoint is chosen")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--vocab", type=int, default=4096)
     args = ap.parse_args()
@@ -611,17 +622,22 @@ def main():
             log(f"step {step} loops {loops} loss {loss.item():.4f} gnorm {gn.item():.2f} "
                 f"lr {lr_at(step):.2e} {(step + 1) * B * T / max(el, 1e-9) / 1e3:.0f}k tok/s")
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            vl = eval_loss(model, val_rows[:16], 2)
-            vl1 = eval_loss(model, val_rows[:16], 1)
+            ev = val_rows[:args.eval_rows]
+            vl = eval_loss(model, ev, 2)
+            vl1 = eval_loss(model, ev, 1)
+            vl4 = eval_loss(model, ev, 4)
             pk = eval_passkey(model, pk_val, random.Random(step), 1024, 10, 2)
             # Keep the checkpoint that best trades held-out loss for retrieval (a pass
-            # key found is worth 0.5 nats of loss).
-            score = vl - 0.5 * pk
+            # key found is worth 0.5 nats of loss) and for what the loops add: the gain of
+            # 2 loops over 1 counts --ratio-weight times, 4 loops worse than 2 is a cost.
+            score = vl - 0.5 * pk + args.ratio_weight * (vl - vl1) + max(0.0, vl4 - vl)
             history.append({"step": step + 1, "train_loss": loss.item(), "val_loss": vl,
-                            "val_loss_loops1": vl1, "passkey_1024": pk})
+                            "val_loss_loops1": vl1, "val_loss_loops4": vl4, "passkey_1024": pk,
+                            "score": score})
             mem = torch.cuda.max_memory_allocated() / 2**30
             log(f"eval step {step + 1} ({mem:.1f} GiB peak): val loss {vl:.4f} (ppl {math.exp(vl):.2f}, loops 1 "
-                f"{math.exp(vl1):.2f}, ratio {math.exp(vl - vl1):.3f}) pass key {pk:.2f}")
+                f"{math.exp(vl1):.2f}, 4 {math.exp(vl4):.2f}, ratio {math.exp(vl - vl1):.3f}) "
+                f"pass key {pk:.2f} score {score:.4f}")
             if score < best[0]:
                 best = (score, {k: v.detach().clone() for k, v in model.state_dict().items()})
                 result_best = step + 1
