@@ -1,8 +1,11 @@
 // dory calibrate -m MODEL -f TEXT -o OUT.gguf: fits a "turbo" model file (docs/model.md
 // section 7) from the model's own activations on TEXT:
-//  - the recon router: the states after pass 1 of tokens whose pass-1 and all-pass
-//    top tokens agree are "easy", the rest "hard"; each gets its mean and top-r
-//    principal basis; the exit bias is set for a target one-pass share;
+//  - the recon router: the states after pass 1 of tokens whose next-token distribution
+//    after one pass is closest to the all-pass one (KL below the median) are "easy", the
+//    rest "hard"; each gets its mean and top-r principal basis; the exit bias is the one
+//    that lets the most tokens out after one pass while the text's perplexity rises by at
+//    most --max-cost (measured on the calibration text itself: its next tokens' NLL after
+//    one pass against all passes), or the one for a given --exit-share;
 //  - the exact-row weights: long prompts cut from TEXT with a planted fact (a pass
 //    key, as in the built-in model's training) go through the far field; per full
 //    layer, a logistic fit of "this row holds the fact" on the rows' features says
@@ -34,7 +37,8 @@ struct CalibrateOpts {
   std::string tokenizer, text, out;
   int64_t tokens = 16384;
   int rank = 16;
-  double exit_share = -1;  // < 0: the share of easy tokens seen
+  double exit_share = -1;  // < 0: set by max_cost
+  double max_cost = 1.0;   // percent of perplexity on the calibration text
   std::string o1 = "32,128,4,512";
   int64_t budget = 256;
   int prompts = 16;
@@ -177,7 +181,7 @@ int run_calibrate(const CalibrateOpts& o) {
   // 1. The router, from the states after pass 1.
   const int64_t n_tok = std::min<int64_t>(o.tokens, static_cast<int64_t>(ids.size()));
   const int64_t H = c.hidden;
-  std::vector<float> states, p1;
+  std::vector<float> states, p1, kl, dnll;
   std::vector<bool> easy;
   std::fprintf(stderr, "router: %lld tokens of %s, %d loops, last_loop\n", (long long)n_tok,
                o.text.c_str(), probe_loops.loops());
@@ -186,12 +190,20 @@ int run_calibrate(const CalibrateOpts& o) {
     const int64_t n = std::min<int64_t>(ctx - 1, n_tok - b);
     const ProbeRows pr = s.probe(std::span(ids).subspan(b, n));
     states.insert(states.end(), pr.state1.begin(), pr.state1.end());
-    for (int64_t i = 0; i < n; ++i) easy.push_back(pr.top1[i] == pr.top_all[i]);
     p1.insert(p1.end(), pr.p1.begin(), pr.p1.end());
+    kl.insert(kl.end(), pr.kl.begin(), pr.kl.end());
+    dnll.insert(dnll.end(), pr.dnll.begin(), pr.dnll.end());
     b += n;
     std::fprintf(stderr, "\r  %lld/%lld tokens, %.1f s", (long long)b, (long long)n_tok, since(t0));
   }
   std::fputc('\n', stderr);
+  {
+    // Easy: the half of the tokens whose one-pass distribution is closest to all passes'.
+    std::vector<float> sorted_kl = kl;
+    std::nth_element(sorted_kl.begin(), sorted_kl.begin() + n_tok / 2, sorted_kl.end());
+    const float med = sorted_kl[n_tok / 2];
+    for (int64_t i = 0; i < n_tok; ++i) easy.push_back(kl[i] < med);
+  }
   int64_t n_easy = std::count(easy.begin(), easy.end(), true);
   if (n_easy < o.rank + 2 || n_tok - n_easy < o.rank + 2) {
     // A model whose passes (nearly) always or never agree (random weights): split by the
@@ -200,8 +212,8 @@ int run_calibrate(const CalibrateOpts& o) {
     std::nth_element(sorted_p1.begin(), sorted_p1.begin() + n_tok / 2, sorted_p1.end());
     const float med = sorted_p1[n_tok / 2];
     std::fprintf(stderr,
-                 "router: %lld of %lld tokens agree after one pass, too few on one side for rank "
-                 "%d; easy = the "
+                 "router: %lld of %lld tokens change less than the median after one pass, too "
+                 "few on one side for rank %d; easy = the "
                  "%s half by the first read-out's top probability instead\n",
                  (long long)n_easy, (long long)n_tok, o.rank, "surer");
     for (int64_t i = 0; i < n_tok; ++i) easy[i] = p1[i] > med;
@@ -222,22 +234,62 @@ int run_calibrate(const CalibrateOpts& o) {
   r.rank_hard = static_cast<int64_t>(r.hard_basis.size()) / H;
   std::vector<double> score(n_tok);
   for (int64_t i = 0; i < n_tok; ++i) score[i] = r.score(states.data() + i * H);
-  const double share = o.exit_share >= 0 ? o.exit_share : double(n_easy) / double(n_tok);
-  std::vector<double> sorted = score;
-  std::sort(sorted.begin(), sorted.end(), std::greater<double>());
-  const int64_t k =
-      std::clamp<int64_t>(static_cast<int64_t>(std::llround(share * n_tok)), 1, n_tok);
-  r.bias = sorted[k - 1];
+  // Tokens by falling score: the first k leave after one pass at a bias of the k-th score.
+  std::vector<int64_t> order(n_tok);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });
+  int64_t k = 0;
+  if (o.exit_share >= 0) {
+    k = std::clamp<int64_t>(static_cast<int64_t>(std::llround(o.exit_share * n_tok)), 0, n_tok);
+  } else {
+    // The most tokens out whose summed NLL rise keeps the text's perplexity within
+    // max_cost percent: exp(sum dnll / n) - 1 <= max_cost / 100.
+    const double budget = std::log1p(o.max_cost / 100.0) * double(n_tok);
+    double cum = 0;
+    for (int64_t j = 0; j < n_tok; ++j) {
+      cum += dnll[order[j]];
+      if (cum <= budget) k = j + 1;
+    }
+  }
+  {
+    // What other orderings would let out within the same budget: the conf gate's signal
+    // (the first read-out's top probability) and, as a bound no causal gate reaches, the
+    // true KL to all passes (known only after them).
+    auto share_by = [&](const std::vector<double>& key) {
+      std::vector<int64_t> ord(n_tok);
+      std::iota(ord.begin(), ord.end(), int64_t{0});
+      std::sort(ord.begin(), ord.end(), [&](int64_t a, int64_t b) { return key[a] > key[b]; });
+      const double budget = std::log1p(o.max_cost / 100.0) * double(n_tok);
+      double cum = 0;
+      int64_t kk = 0;
+      for (int64_t j = 0; j < n_tok; ++j) {
+        cum += dnll[ord[j]];
+        if (cum <= budget) kk = j + 1;
+      }
+      return 100.0 * double(kk) / double(n_tok);
+    };
+    std::vector<double> by_p1(n_tok), by_kl(n_tok);
+    double all = 0;
+    for (int64_t i = 0; i < n_tok; ++i) by_p1[i] = p1[i], by_kl[i] = -kl[i], all += dnll[i];
+    std::fprintf(stderr,
+                 "router: every token out after one pass would cost %+.2f%% perplexity; within "
+                 "%.2f%%: %.1f%% out by the router, %.1f%% by the first read-out's confidence "
+                 "(conf gate), %.1f%% by the true KL (a bound)\n",
+                 100.0 * std::expm1(all / double(n_tok)), o.max_cost, share_by(score),
+                 share_by(by_p1), share_by(by_kl));
+  }
+  // A bias just above the next token's score keeps ties with it from leaving too.
+  r.bias = k == 0 ? score[order[0]] + 1e-6 : score[order[k - 1]];
   int64_t out_easy = 0, out = 0;
+  double cost = 0;
   for (int64_t i = 0; i < n_tok; ++i)
-    if (score[i] >= r.bias) ++out, out_easy += easy[i];
+    if (score[i] >= r.bias) ++out, out_easy += easy[i], cost += dnll[i];
   std::fprintf(stderr,
                "router: %lld easy / %lld hard tokens, rank %lld; bias %.4f lets %.1f%% out after "
-               "one pass, %.1f%% "
-               "of them easy (base rate %.1f%%)\n",
+               "one pass (%.1f%% of them easy) at a perplexity cost of %+.2f%% on this text\n",
                (long long)n_easy, (long long)(n_tok - n_easy), (long long)r.rank_easy, r.bias,
                100.0 * out / n_tok, 100.0 * out_easy / std::max<int64_t>(out, 1),
-               100.0 * n_easy / n_tok);
+               100.0 * std::expm1(cost / double(n_tok)));
 
   // 2. The exact-row weights, from prompts with a planted fact.
   const std::string intro =
@@ -371,9 +423,13 @@ Runner add_calibrate(CLI::App& app) {
   cmd->add_option("--rank", o->rank, "rank of each router topology's basis")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  cmd->add_option(
-         "--exit-share", o->exit_share,
-         "one-pass share the exit bias aims at (default: the share of easy tokens in the text)")
+  cmd->add_option("--max-cost", o->max_cost,
+                  "perplexity cost in percent the exit bias may spend on the calibration text: "
+                  "the bias lets out the most tokens within it")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  cmd->add_option("--exit-share", o->exit_share,
+                  "one-pass share the exit bias aims at instead of --max-cost")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--o1", o->o1, "far field defaults m,w,sink,seal for the file (and the fit)")
       ->capture_default_str();

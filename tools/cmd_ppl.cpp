@@ -47,6 +47,8 @@ int run_ppl(const PplOpts& o) {
   int64_t count = 0;
   int loops = 0;
   const char* kv = "";
+  GateStats gates;
+  std::string gate_name;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t w = 0; w < n_windows; ++w) {
     std::vector<int32_t> win(tokens.begin() + w * ctx, tokens.begin() + (w + 1) * ctx);
@@ -69,6 +71,9 @@ int run_ppl(const PplOpts& o) {
       nll2 += l * l;
       ++count;
     }
+    const GateStats g = s.gate_stats();
+    gates.gated += g.gated, gates.one_pass += g.one_pass;
+    gate_name = s.gate().kind == GateParams::Kind::Off ? "" : s.gate().str();
     std::printf("[%lld]%.4f,", (long long)(w + 1), std::exp(nll / count));
     std::fflush(stdout);
   }
@@ -81,6 +86,10 @@ int run_ppl(const PplOpts& o) {
   std::printf("\nFinal estimate: PPL = %.4f +/- %.4f\n", ppl, ppl * std::sqrt(var / count));
   std::fprintf(stderr, "ppl: %lld tokens scored | loops %d | kv %s | %.2f s (%.1f t/s)\n", (long long)count, loops,
                kv, secs, n_windows * ctx / secs);
+  // The gate decides only for rows fed one at a time (--chunk 1 scores as decode does).
+  if (!gate_name.empty())
+    std::fprintf(stderr, "gate %s: %lld tokens gated, %.1f%% left after one pass\n", gate_name.c_str(),
+                 (long long)gates.gated, 100.0 * gates.one_pass_share());
   return 0;
 }
 }  // namespace

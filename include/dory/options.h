@@ -108,6 +108,10 @@ struct ProbeRows {
   std::vector<float> state1;           // [rows x hidden]
   std::vector<int32_t> top1, top_all;  // [rows]
   std::vector<float> p1;               // top probability after pass 1 [rows]
+  // What one pass costs at each row: KL(all passes || pass 1) of the next-token
+  // distributions, and the next token's NLL after pass 1 minus after all passes (the
+  // text's own next id; 0 for the last row, whose next token is not in the span).
+  std::vector<float> kl, dnll;         // [rows]
 };
 
 // The exact-row features of one far-field slot (Session::exact_features): rows

@@ -1,6 +1,7 @@
 #include "dory/session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -338,7 +339,17 @@ ProbeRows Session::probe(std::span<const int32_t> ids) {
   out.top1.resize(n);
   out.top_all.resize(n);
   out.p1.resize(n);
-  std::vector<float> logits;
+  out.kl.resize(n);
+  out.dnll.assign(n, 0.0f);
+  std::vector<float> logits, lsm1(static_cast<size_t>(S.opts.chunk) * V);
+  auto log_softmax = [V](const float* l, float* o) {
+    const float mx = *std::max_element(l, l + V);
+    double z = 0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(l[v] - mx));
+    const float lz = mx + static_cast<float>(std::log(z));
+    for (int64_t v = 0; v < V; ++v) o[v] = l[v] - lz;
+  };
+  std::vector<float> lsm(V);
   auto argmax = [&](const float* l) {
     return static_cast<int32_t>(std::max_element(l, l + V) - l);
   };
@@ -363,11 +374,23 @@ ProbeRows Session::probe(std::span<const int32_t> ids) {
     for (int64_t t = 0; t < T; ++t) {
       out.top1[b + t] = argmax(logits.data() + t * V);
       out.p1[b + t] = static_cast<float>(top_probability(logits.data() + t * V, V));
+      log_softmax(logits.data() + t * V, lsm1.data() + t * V);
     }
     be.steps(S.plan_rest);
     be.steps(S.plan_out);
     be.logits(all, logits.data());
-    for (int64_t t = 0; t < T; ++t) out.top_all[b + t] = argmax(logits.data() + t * V);
+    for (int64_t t = 0; t < T; ++t) {
+      out.top_all[b + t] = argmax(logits.data() + t * V);
+      log_softmax(logits.data() + t * V, lsm.data());
+      const float* l1 = lsm1.data() + t * V;
+      double kl = 0;
+      for (int64_t v = 0; v < V; ++v) kl += std::exp(static_cast<double>(lsm[v])) * (lsm[v] - l1[v]);
+      out.kl[b + t] = static_cast<float>(std::max(0.0, kl));
+      if (b + t + 1 < n) {
+        const int32_t nx = ids[b + t + 1];
+        out.dnll[b + t] = lsm[nx] - l1[nx];
+      }
+    }
     S.pos += T;
   }
   return out;
