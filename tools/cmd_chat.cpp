@@ -30,7 +30,9 @@ struct ChatOpts {
 int run_chat(const ChatOpts& o) {
   Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
   const ChatTemplate tmpl(chat_template_source(*m.tok));
-  TextSession ts(m.backend, o.run.session(), *m.tok);
+  // --skill auto: the first turn's prompt picks the skill (the session starts over on it).
+  bool routed = o.run.skill != "auto";
+  auto ts_ptr = std::make_unique<TextSession>(m.backend, o.run.session(), *m.tok);
   Sampler sampler(o.gen.sampling());
 
   // Ctrl-C stops the answer being written; at the prompt it ends the chat.
@@ -65,7 +67,7 @@ int run_chat(const ChatOpts& o) {
     if (line == "/exit" || line == "/quit") break;
     if (line == "/reset") {
       start();
-      ts.reset();
+      ts_ptr->reset();
       std::fprintf(stderr, "[chat reset]\n");
       continue;
     }
@@ -88,6 +90,18 @@ int run_chat(const ChatOpts& o) {
     if (auto bos = m.tok->bos_id();
         bos && m.tok->adds_bos() && (ids.empty() || ids.front() != *bos))
       ids.insert(ids.begin(), *bos);
+    if (!routed) {
+      try {
+        route_skill(o.run, m, ids);
+      } catch (const Error& e) {
+        messages.erase(messages.size() - 1);
+        std::fprintf(stderr, "error: %s\n", e.what());
+        continue;
+      }
+      ts_ptr = std::make_unique<TextSession>(m.backend, o.run.session(), *m.tok);
+      routed = true;
+    }
+    TextSession& ts = *ts_ptr;
     PrefillStats pf;
     try {
       ProgressLine progress("prompt");

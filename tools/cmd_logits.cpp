@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "common.h"
 #include "format/mapped_file.h"
+#include "model_text.h"
 #include "runtime/npy.h"
 
 namespace dory::cli {
@@ -22,9 +23,19 @@ struct LogitsOpts {
 int run_logits(const LogitsOpts& o) {
   const std::vector<int32_t> ids = parse_ids(o.ids);
   check_device(o.run.backend_options());
-  if (o.run.skill == "auto") throw Error("--skill auto: routing a prompt to a skill is not there yet (give --skill ID or none)");
-  auto model = Model::load(o.run.model_path(), o.run.placement(), o.run.skill, o.run.lora);
-  Session session(o.run.open(model), o.run.session());
+  std::shared_ptr<const Model> model;
+  std::shared_ptr<Backend> backend;
+  if (o.run.skill == "auto") {  // routed on the ids (all of them, prompt and scored rows)
+    Loaded l;
+    l.model = Model::load(o.run.model_path(), o.run.placement(), "", o.run.lora);
+    l.backend = o.run.open(l.model);
+    route_skill(o.run, l, ids);
+    model = l.model, backend = l.backend;
+  } else {
+    model = Model::load(o.run.model_path(), o.run.placement(), o.run.skill, o.run.lora);
+    backend = o.run.open(model);
+  }
+  Session session(backend, o.run.session());
   if (o.prompt_rows < 0 || o.prompt_rows >= static_cast<int64_t>(ids.size()))
     throw Error("--prompt-rows " + std::to_string(o.prompt_rows) + " must leave at least one of the " +
                 std::to_string(ids.size()) + " ids to score");

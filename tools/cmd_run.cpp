@@ -29,6 +29,7 @@ int run_run(const RunCmdOpts& o) {
   Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
   const std::vector<int32_t> ids = m.tok->encode(prompt, /*add_special=*/true);
   if (ids.empty()) throw Error("the prompt encodes to no tokens");
+  route_skill(o.run, m, ids);
   TextSession ts(m.backend, o.run.session(), *m.tok);
   Sampler sampler(o.gen.sampling());
   const Session& ss = ts.session();

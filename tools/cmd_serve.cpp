@@ -58,6 +58,7 @@ int run_serve(ServeOpts o) {
   if (const char* d = std::getenv("DORY_SERVE_TEST_LOAD_DELAY_MS"))
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
   const auto t0 = std::chrono::steady_clock::now();
+  refuse_auto_skill(o.run, "dory serve (one skill per server for now)");
   Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
   const DoryConfig& c = m.model->config();
   if (o.ctx > c.max_positions)

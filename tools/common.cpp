@@ -99,8 +99,9 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
       "applied at run time, the base weights untouched (repeatable)");
   app->add_option(
       "--skill", o.skill,
-      "CMF files: run with this skill's tensors in place of the backbone's (ID, or none; auto "
-      "routing is not there yet; dory info lists the file's skills)");
+      "CMF files: run with this skill's tensors in place of the backbone's: ID, none, or auto (run, "
+      "chat, logits: the file's routers pick one from the prompt's hidden states); dory info lists "
+      "the file's skills");
   auto* mm =
       app->add_flag("--mmap", o.mmap,
                     "use the weights in place from the memory-mapped model file (the default): "

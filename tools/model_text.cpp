@@ -1,7 +1,11 @@
 #include "model_text.h"
 
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
+
+#include "dory/session.h"
+#include "format/cmf.h"
 
 #include "model/weights.h"
 
@@ -10,9 +14,9 @@ namespace dory::cli {
 Loaded load_model_and_tokenizer(const RunOpts& run, const std::string& tokenizer_path) {
   Loaded l;
   check_device(run.backend_options());
-  if (run.skill == "auto")
-    throw Error("--skill auto: routing a prompt to a skill is not there yet (give --skill ID or none)");
-  l.model = Model::load(run.model_path(), run.placement(), run.skill, run.lora);
+  l.model = Model::load(run.model_path(), run.placement(), run.skill == "auto" ? "" : run.skill, run.lora);
+  if (run.skill == "auto" && !l.model->weights().cmf)
+    throw Error(l.model->path() + ": --skill auto: skills live in CMF files; this model is not one");
   l.backend = run.open(l.model);
   // Without --tokenizer: the model's directory (tokenizer.json), or for a GGUF model the
   // tokenizer.ggml.* metadata inside it (Tokenizer::from_path tells them apart).
@@ -36,6 +40,54 @@ Loaded load_model_and_tokenizer(const RunOpts& run, const std::string& tokenizer
     throw Error("the tokenizer has " + std::to_string(tv) + " tokens but the model's vocabulary is " +
                 std::to_string(V) + ": they do not belong together");
   return l;
+}
+
+std::vector<std::pair<std::string, double>> skill_errors(const RunOpts& run, const Loaded& l,
+                                                         std::span<const int32_t> ids) {
+  const cmf::File* f = l.model->weights().cmf.get();
+  if (!f) throw Error(l.model->path() + ": skills live in CMF files; this model is not one");
+  std::vector<std::pair<std::string, double>> out;
+  std::map<int64_t, std::vector<float>> phi;  // one forward per phi_layer
+  for (const cmf::Skill& k : f->skills()) {
+    if (!k.routable) continue;
+    if (!k.selection_error.empty()) throw Error(f->path() + ": " + k.selection_error);
+    auto it = phi.find(k.selection.phi_layer);
+    if (it == phi.end()) {
+      SessionOptions so = run.session();
+      so.gate = GateParams{};
+      so.o1 = O1Params{};
+      so.exact = ExactParams{};
+      Session s(l.backend, so);
+      it = phi.emplace(k.selection.phi_layer, s.mean_hidden(ids, static_cast<int>(k.selection.phi_layer))).first;
+    }
+    out.emplace_back(k.id, cmf::skill_error(k.selection, it->second));
+  }
+  if (out.empty()) throw Error(f->path() + ": no skill with a router (selection) to route to");
+  return out;
+}
+
+void refuse_auto_skill(const RunOpts& run, const char* command) {
+  if (run.skill == "auto")
+    throw Error(std::string("--skill auto routes one prompt (dory run, chat, logits); ") + command +
+                " needs --skill ID or none");
+}
+
+std::string route_skill(const RunOpts& run, Loaded& l, std::span<const int32_t> ids) {
+  if (run.skill != "auto") return run.skill;
+  const auto errs = skill_errors(run, l, ids);
+  size_t best = 0;
+  for (size_t i = 1; i < errs.size(); ++i)
+    if (errs[i].second < errs[best].second) best = i;
+  std::string line = "skill auto: '" + errs[best].first + "' (E";
+  for (const auto& [id, e] : errs) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " %s %.4f", id.c_str(), e);
+    line += buf;
+  }
+  std::fprintf(stderr, "%s)\n", line.c_str());
+  l.model = Model::load(run.model_path(), run.placement(), errs[best].first, run.lora);
+  l.backend = run.open(l.model);
+  return errs[best].first;
 }
 
 std::string chat_template_source(const Tokenizer& tok) {

@@ -1,6 +1,9 @@
 #pragma once
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common.h"
 #include "text/chat_template.h"
@@ -15,7 +18,22 @@ struct Loaded {
   std::shared_ptr<Backend> backend;  // --device's, with the model on it
   std::unique_ptr<Tokenizer> tok;
 };
+// With --skill auto the base model is loaded (no skill yet): route_skill picks one.
 Loaded load_model_and_tokenizer(const RunOpts& run, const std::string& tokenizer_path);
+
+// --skill auto (CMF files, CMF.md section 3): phi of the prompt `ids` under each routable
+// skill's router, the skill with the smallest E; the model is reloaded with that skill's
+// tensors in place (a file with no routable skill: an error). One line to stderr names
+// the choice and every E. Returns the chosen id; without --skill auto, does nothing and
+// returns run.skill.
+std::string route_skill(const RunOpts& run, Loaded& l, std::span<const int32_t> ids);
+
+// Commands that have no one prompt to route on refuse --skill auto with this one line.
+void refuse_auto_skill(const RunOpts& run, const char* command);
+
+// Every routable skill's E for `ids` (the base model's hidden states), in file order.
+std::vector<std::pair<std::string, double>> skill_errors(const RunOpts& run, const Loaded& l,
+                                                         std::span<const int32_t> ids);
 
 // The model's chat template, or ChatML (with a note on stderr) when it has none.
 std::string chat_template_source(const Tokenizer& tok);

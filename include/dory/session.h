@@ -54,6 +54,11 @@ class Session {
   // first pass and again after all passes, as the conf gate does for a token that
   // goes on; what was read comes back.
   ProbeRows probe(std::span<const int32_t> ids);
+  // A skill router's phi (CMF skills): the mean over `ids` (fed at the session's position,
+  // which moves past them) of the hidden state after physical layer `layer` the first time
+  // it runs in a token (input block; recurrent block: pass 1; output block: after every
+  // pass of the session's loop count).
+  std::vector<float> mean_hidden(std::span<const int32_t> ids, int layer);
   // The exact-row features of every sealed far-field slot whose rows still wait
   // for the choice (exact rows on, before the prompt's end).
   std::vector<SlotFeatures> exact_features();

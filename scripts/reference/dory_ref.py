@@ -475,8 +475,13 @@ class Model:
 
     # -- the loop stack and the chunk schedule ------------------------------
 
-    def forward(self, ids, loops=None, kv=None, chunks=None, loops_per_chunk=None, o1=None):
+    def forward(self, ids, loops=None, kv=None, chunks=None, loops_per_chunk=None, o1=None,
+                capture=None):
+        """Logits [positions x vocab]. capture=i also keeps, in self.captured, the hidden
+        state after physical layer i on the first pass ([positions x hidden]; a CMF skill
+        router's phi is its mean over a prompt)."""
         c = self.cfg
+        captured = []
         ids = np.asarray(ids, dtype=np.int64)
         total = len(ids)
         if total == 0:
@@ -525,16 +530,22 @@ class Model:
             x = self.w.rows("backbone.embeddings.weight", ids[pos])  # raw, not normalized
             for i in range(c.n_in):
                 x = self.layer(i, x, pos, slot(i, 0))
+                if i == capture:
+                    captured.append(x)
             inp = x
             state = inp
             for loop in range(nloops):
                 h = n(state + inp)
                 for i in rec:
                     h = self.layer(i, h, pos, slot(i, loop))
+                    if i == capture and loop == 0:
+                        captured.append(h)
                 state = n(h)
             h = state
             for i in range(c.n_in + c.n_rec, c.L):
                 h = self.layer(i, h, pos, slot(i, 0))
+                if i == capture:
+                    captured.append(h)
             # no final norm
             logits = (h @ self.w["lm_head.weight"].T) * (self.w["lm_head.logit_scale"] / c.sigma)
             out_rows.append(logits)
@@ -546,6 +557,7 @@ class Model:
             far = getattr(cache, "far", None)
             for p, r in (far.margin.items() if far is not None else ()):
                 self.far_margin[p] = min(self.far_margin.get(p, math.inf), r)
+        self.captured = np.concatenate(captured, axis=0) if captured else None
         return np.concatenate(out_rows, axis=0)
 
 

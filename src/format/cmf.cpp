@@ -6,7 +6,10 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <set>
+
+#include <openssl/evp.h>
 
 #include "dory/error.h"
 #include "tensor/dtype.h"
@@ -37,6 +40,49 @@ uint16_t u16le(const uint8_t* p) {
 }
 float f16(const uint8_t* p) {
   return f16_to_f32(u16le(p));
+}
+
+// Standard base64 of little-endian f16 values (a skill router's mean and basis). OpenSSL's
+// decoder does the base64; it pads its output to a multiple of 3 bytes, so the '='
+// padding is taken back off.
+std::vector<float> f16_base64(const std::string& b64, const std::string& what) {
+  if (b64.size() % 4 != 0) throw Error(what + ": not base64 (length " + std::to_string(b64.size()) + ")");
+  std::vector<unsigned char> raw(b64.size() / 4 * 3 + 1);
+  const int n = EVP_DecodeBlock(raw.data(), reinterpret_cast<const unsigned char*>(b64.data()),
+                                static_cast<int>(b64.size()));
+  if (n < 0) throw Error(what + ": not base64");
+  size_t len = static_cast<size_t>(n);
+  for (size_t i = b64.size(); i > 0 && b64[i - 1] == '='; --i) --len;
+  if (len % 2) throw Error(what + ": " + std::to_string(len) + " bytes, not whole f16 values");
+  std::vector<float> out(len / 2);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = f16(raw.data() + 2 * i);
+  return out;
+}
+
+Selection parse_selection(const nlohmann::json& j, const std::string& id) {
+  const std::string what = "skill '" + id + "': selection";
+  Selection s;
+  const std::string metric = j.value("metric", std::string("mse"));
+  if (metric != "mse" && metric != "mse_unit")
+    throw Error(what + ": metric '" + metric + "' is not one of mse, mse_unit");
+  s.unit = metric == "mse_unit";
+  if (!j.contains("phi_layer") || !j["phi_layer"].is_number_integer() || j["phi_layer"].get<int64_t>() < 0)
+    throw Error(what + ": phi_layer must be a layer index");
+  s.phi_layer = j["phi_layer"].get<int64_t>();
+  if (!j.contains("rank") || !j["rank"].is_number_integer() || j["rank"].get<int64_t>() < 0)
+    throw Error(what + ": rank must be a count");
+  s.rank = j["rank"].get<int64_t>();
+  if (!j.contains("mean") || !j["mean"].is_string()) throw Error(what + ": no mean");
+  s.mean = f16_base64(j["mean"].get<std::string>(), what + ".mean");
+  if (s.mean.empty()) throw Error(what + ": empty mean");
+  if (s.rank > 0) {
+    if (!j.contains("basis") || !j["basis"].is_string()) throw Error(what + ": no basis");
+    s.basis = f16_base64(j["basis"].get<std::string>(), what + ".basis");
+  }
+  if (static_cast<int64_t>(s.basis.size()) != s.rank * static_cast<int64_t>(s.mean.size()))
+    throw Error(what + ": basis has " + std::to_string(s.basis.size()) + " values, rank x hidden is " +
+                std::to_string(s.rank * static_cast<int64_t>(s.mean.size())));
+  return s;
 }
 
 std::string hex16(uint64_t v) {
@@ -355,10 +401,42 @@ void File::parse_all() {
         for (const json& l : s["layers"])
           if (l.is_number_integer()) k.layers.push_back(l.get<int64_t>());
       k.routable = s.contains("selection") && s["selection"].is_object();
+      if (k.routable) {
+        try {
+          k.selection = parse_selection(s["selection"], k.id);
+        } catch (const Error& e) {
+          k.selection_error = e.what();  // the file still runs; routing to it says this
+        }
+      }
       if (s.contains("base_dir_hash") && s["base_dir_hash"].is_string())
         k.base_dir_hash = s["base_dir_hash"].get<std::string>();
       skills_.push_back(std::move(k));
     }
+}
+
+double skill_error(const Selection& s, const std::vector<float>& phi_in) {
+  const size_t H = s.mean.size();
+  if (phi_in.size() != H)
+    throw Error("skill router: its mean has " + std::to_string(H) + " values, the model's hidden size is " +
+                std::to_string(phi_in.size()));
+  std::vector<double> phi(phi_in.begin(), phi_in.end());
+  double n2 = 0;
+  for (double v : phi) n2 += v * v;
+  if (s.unit && n2 > 0) {
+    const double inv = 1.0 / std::sqrt(n2);
+    for (double& v : phi) v *= inv;
+    n2 = 1.0;
+  }
+  if (n2 <= 0) return std::numeric_limits<double>::infinity();
+  std::vector<double> r(H);
+  double e = 0;
+  for (size_t i = 0; i < H; ++i) r[i] = phi[i] - s.mean[i], e += r[i] * r[i];
+  for (int64_t k = 0; k < s.rank; ++k) {
+    double d = 0;
+    for (size_t i = 0; i < H; ++i) d += double(s.basis[k * H + i]) * r[i];
+    e -= d * d;
+  }
+  return std::max(0.0, e) / n2;
 }
 
 File::VerifyResult File::verify(const std::function<void(uint64_t, uint64_t)>& progress) const {

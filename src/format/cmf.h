@@ -70,12 +70,28 @@ struct Section {
   uint64_t off = 0, len = 0;
 };
 
+// A skill's router descriptor (CMF.md section 3, `selection`): phi = the mean over a
+// prompt's tokens of the hidden state after layer phi_layer; r = phi - mean;
+// E = (|r|^2 - sum_k (b_k . r)^2) / |phi|^2; the skill with the smallest E wins.
+struct Selection {
+  bool unit = false;       // metric "mse_unit": phi is L2-normalized first
+  int64_t phi_layer = -1;
+  int64_t rank = 0;
+  std::vector<float> mean;   // [hidden]
+  std::vector<float> basis;  // [rank x hidden], orthonormal rows
+};
+
 struct Skill {
   std::string id, name;
   std::vector<int64_t> layers;
   bool routable = false;  // has a `selection` router descriptor
+  Selection selection;    // when routable
+  std::string selection_error;  // a descriptor that is not well formed: why (routing refuses it)
   std::string base_dir_hash;
 };
+
+// E of a prompt's phi under a skill's router (see Selection).
+double skill_error(const Selection& s, const std::vector<float>& phi);
 
 class File {
  public:

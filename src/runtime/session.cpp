@@ -396,6 +396,49 @@ ProbeRows Session::probe(std::span<const int32_t> ids) {
   return out;
 }
 
+std::vector<float> Session::mean_hidden(std::span<const int32_t> ids, int layer) {
+  SessionState& S = *st_;
+  const DoryConfig& c = backend_->model().config();
+  if (layer < 0 || layer >= c.n_layer)
+    throw Error("skill router: phi_layer " + std::to_string(layer) + " is not one of the model's " +
+                std::to_string(c.n_layer) + " layers");
+  if (ids.empty()) throw Error("skill router: an empty prompt has no hidden state to route on");
+  check_ids(ids, c.vocab);
+  // The token's plan up to the first time `layer` runs (a recurrent layer: pass 1; an
+  // output-block layer: after all passes), then a LoopEnd step: it stores n(x) as the state
+  // the backend hands out, and the layers' outputs are already on the unit sphere (nGPT).
+  std::vector<Step> plan = build_plan(c, S.kv, S.loops);
+  const auto cut = std::find_if(plan.begin(), plan.end(), [&](const Step& st) {
+    return st.op == Step::Op::Layer && st.layer == layer;
+  });
+  plan.erase(cut + 1, plan.end());
+  plan.push_back({Step::Op::LoopEnd, -1, 0, 0});
+  const int64_t n = static_cast<int64_t>(ids.size()), H = c.hidden;
+  std::vector<double> acc(H, 0.0);
+  std::vector<float> rows;
+  Backend& be = *backend_;
+  SeqCaches* one = S.caches.get();
+  for (int64_t b = 0; b < n; b += S.opts.chunk) {
+    const int64_t T = std::min<int64_t>(S.opts.chunk, n - b);
+    S.caches->prepare(plan, S.pos);
+    be.begin(PassRows{ids.subspan(b, T),
+                      S.pos,
+                      {},
+                      {},
+                      std::span<SeqCaches* const>(&one, 1),
+                      S.rows_lora(T)});
+    be.steps(plan);
+    rows.resize(T * H);
+    be.state(S.row_range(0, T), rows.data());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < H; ++i) acc[i] += rows[t * H + i];
+    S.pos += T;
+  }
+  std::vector<float> out(H);
+  for (int64_t i = 0; i < H; ++i) out[i] = static_cast<float>(acc[i] / double(n));
+  return out;
+}
+
 std::vector<SlotFeatures> Session::exact_features() {
   return st_->caches->exact_features();
 }

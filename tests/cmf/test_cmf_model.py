@@ -7,6 +7,7 @@ beside the file, and the two must agree.
 """
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -159,11 +160,102 @@ class CmfModel(unittest.TestCase):
         self.assertTrue(np.array_equal(base_l, self.logits(self.src)))
         self.assertFalse(np.array_equal(with_skill, base_l))
         for flags, msg in (((m, "--skill", "nope"), "the file has fix"), ((self.src, "--skill", "fix"), "CMF"),
-                           ((m, "--skill", "auto"), "not there yet")):
+                           ((m, "--skill", "auto"), "no skill with a router")):
             r, _ = lg(*flags)
             self.assertEqual(r.returncode, 1, flags)
             self.assertIn(msg, r.stderr)
             self.assertEqual(len(r.stderr.strip().splitlines()), 1)
+
+    def test_skill_auto_routes_to_the_resembling_skill(self):
+        """Two skills, each with a router fitted here (numpy, CMF.md section 3) from the phi of
+        four prompts of its own kind (the float64 reference's hidden state after phi_layer,
+        averaged over the prompt): ids drawn from [10, 60) for 'low', [180, 230) for 'high'.
+        A new prompt of each kind routes to its skill under --skill auto, runs with exactly
+        that skill's tensors, and the E printed for every skill equals numpy's E from the
+        reference's phi (float32 engine against float64: bound 1e-4 relative + 1e-6)."""
+        import base64
+        sys.path.insert(0, os.path.join(ROOT, "scripts", "reference"))
+        import dory_ref
+        d = os.path.join(self.tmp, "route")
+        os.makedirs(d, exist_ok=True)
+        shutil.copy(os.path.join(self.src, "config.json"), d)
+        L = self.config["num_hidden_layers"]
+        phi_layer = (2 * L) // 3
+        ref = dory_ref.load(self.src)
+        rng = np.random.default_rng(5)
+
+        def phi(ids):
+            ref.forward(ids, capture=phi_layer)
+            return ref.captured.mean(axis=0)
+
+        def b64(a):
+            return base64.b64encode(np.asarray(a, dtype="<f2").tobytes()).decode()
+
+        kinds = {"low": (10, 60), "high": (180, 230)}
+        skills, entries, f16 = [], [], {}
+        mlps = [i for i, ch in enumerate(self.config["hybrid_layer_pattern"]) if ch == "-"]
+        for n, (kid, (lo, hi)) in enumerate(kinds.items()):
+            P = np.stack([phi(rng.integers(lo, hi, 24)) for _ in range(4)])
+            mean = P.mean(axis=0)
+            _, _, vt = np.linalg.svd(P - mean, full_matrices=False)
+            basis = vt[:2]
+            f16[kid] = (mean.astype(np.float16).astype(np.float64), basis.astype(np.float16).astype(np.float64))
+            skills.append({"id": kid, "layers": [mlps[n]], "selection": {
+                "metric": "mse", "phi_layer": phi_layer, "rank": 2, "mean": b64(mean), "basis": b64(basis)}})
+            target = "backbone.layers.%d.mixer.up_proj.weight" % mlps[n]
+            dt, shape, raw = self.tensors[target]
+            changed = (bf16_to_f32(raw) * (-1.5 if n == 0 else 0.5)).astype(np.float32)
+            entries.append(("skill.%s.%s" % (kid, target), W.BF16, tuple(shape),
+                            (changed.view(np.uint32) >> 16).astype(np.uint16).tobytes()))
+        base = [(n_, W.BF16, tuple(s_), r) for n_, (t_, s_, r) in sorted(self.tensors.items())]
+        m = os.path.join(d, "m.cmf")
+        W.write(m, base + entries, arch=self.arch(), quant_type="BF16", extra_header={"skills": skills})
+
+        def numpy_e(kid, p):
+            mean, basis = f16[kid]
+            r = p - mean
+            return (r @ r - ((basis @ r) ** 2).sum()) / (p @ p)
+
+        out = os.path.join(self.tmp, "r.npy")
+        for kid, (lo, hi) in kinds.items():
+            ids = [int(i) for i in rng.integers(lo, hi, 24)]
+            ids_s = ",".join(map(str, ids))
+            r = subprocess.run([DORY, "logits", "-m", m, "--skill", "auto", "--ids", ids_s, "-o", out],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("skill auto: '%s'" % kid, r.stderr)
+            auto = np.load(out)
+            r = subprocess.run([DORY, "logits", "-m", m, "--skill", kid, "--ids", ids_s, "-o", out],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(np.array_equal(auto, np.load(out)), kid)
+            r = subprocess.run([DORY, "skill", "route", "-m", m, "--ids", ids_s], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("route: %s" % kid, r.stdout)
+            p = phi(ids)
+            for other in kinds:
+                got = float(re.search(r"^%s +E ([\d.e+-]+)$" % other, r.stdout, re.M).group(1))
+                want = numpy_e(other, p)
+                self.assertAlmostEqual(got, want, delta=1e-4 * abs(want) + 1e-6, msg=(other, r.stdout))
+        r = subprocess.run([DORY, "skill", "list", "-m", m], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"low +- \| 1 tensors \| layers \[\d+\] \| router: mse, phi layer %d, rank 2"
+                         % phi_layer)
+        # Broken router descriptors: one line each, at load.
+        for sel, msg in (({"metric": "cosine"}, "metric 'cosine'"), ({"mean": "@@@@"}, "not base64"),
+                         ({"rank": 3}, "basis has"), ({"phi_layer": L + 5}, "phi_layer")):
+            bad = json.loads(json.dumps(skills))
+            bad[0]["selection"].update(sel)
+            W.write(m, base + entries, arch=self.arch(), quant_type="BF16", extra_header={"skills": bad})
+            r = subprocess.run([DORY, "logits", "-m", m, "--skill", "auto", "--ids", "11,12,13", "-o", out],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 1, (sel, r.stderr))
+            self.assertIn(msg, r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        r = subprocess.run([DORY, "ppl", "-m", m, "--skill", "auto", "-f", "/usr/share/common-licenses/GPL-3"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("--skill auto routes one prompt", r.stderr)
 
     def test_arch_and_config_json_must_agree(self):
         path, _ = self.write_cmf(os.path.join(self.tmp, "bad"), q8_2f=False)
