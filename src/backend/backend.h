@@ -49,8 +49,11 @@ class SeqCaches {
   // Exact rows: whether a sealed slot holds rows that wait for the choice.
   virtual bool exact_waiting() const = 0;
   // Rebuilds every waiting slot's far field with its chosen rows. Returns "" or why the
-  // first slot that failed did (that slot's far field goes on as first sealed).
-  virtual std::string rebuild_exact() = 0;
+  // first slot that failed did (that slot's far field goes on as first sealed). In two
+  // stages (docs/model.md section 6): `final` false chooses most of the budget among the
+  // rows so far and keeps the rows waiting; `final` true chooses the rest among the rows
+  // that left the window since (all of the budget when no first stage ran) and ends the wait.
+  virtual std::string rebuild_exact(bool final) = 0;
   // The exact-row features of every waiting slot, without choosing.
   virtual std::vector<SlotFeatures> exact_features() = 0;
 };

@@ -36,6 +36,7 @@ struct SessionState {
   O1Params o1;
   ExactParams exact;
   int64_t rebuild_at = -1;  // position before which the far fields are rebuilt (-1: none pending)
+  int64_t final_at = -1;    // the final stage's position, when the pending one is the first
   int64_t prompt_end = -1;
   bool warned = false;
   int64_t pos = 0;
@@ -214,8 +215,11 @@ const std::vector<int>& Session::last_passes() const {
 void Session::prompt_end(int64_t end) {
   SessionState& S = *st_;
   if (!S.exact.on) return;
-  // Before the prompt's last 512 rows (at once when fewer are left).
+  // A first stage before the prompt's last 512 rows (at once when fewer are left), a final
+  // one before its last row, so the row that predicts the first answer token reads every
+  // chosen row (docs/model.md section 6).
   S.rebuild_at = std::max(S.pos, end - 512);
+  S.final_at = end - 1 > S.rebuild_at ? end - 1 : -1;
   S.prompt_end = end;
 }
 
@@ -232,8 +236,10 @@ void Session::rebuild_if_due() {
   if (S.rebuild_at < 0 || S.pos < S.rebuild_at) return;
   // No slot has sealed yet: the rebuild waits for the first that does (within this prompt).
   if (!S.caches->exact_waiting() && S.pos < S.prompt_end) return;
-  S.rebuild_at = -1;
-  const std::string why = S.caches->rebuild_exact();
+  const bool final = S.final_at < 0 || S.pos >= S.final_at;
+  S.rebuild_at = final ? -1 : S.final_at;
+  if (final) S.final_at = -1;
+  const std::string why = S.caches->rebuild_exact(final);
   if (!why.empty() && !S.warned) {
     std::fprintf(stderr, "warning: exact rows: %s; the far field goes on as first sealed\n",
                  why.c_str());

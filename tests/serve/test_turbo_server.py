@@ -97,6 +97,16 @@ class TurboServer(unittest.TestCase):
         finally:
             srv.stop()
 
+    def test_a_key_in_the_last_512_rows_is_kept_too(self):
+        """Exact rows are chosen in two stages (docs/model.md section 6): a key planted 40
+        lines (~800 tokens) into a 60-line prompt sits in the last 512 rows, out of the
+        128-row window by the end; the final stage keeps it. Before the two stages (one
+        choice 512 rows before the end) such keys were lost (pass-key table, docs/turbo.md)."""
+        for key in ("71432", "50918", "23867"):
+            prompt = passkey_prompt(key, 60, at=40)
+            r = run_cli("run", "-m", TURBO, "-p", prompt, "-n", "7", "--temp", "0", "-t", "2")
+            self.assertIn(key, r.stdout, key)
+
     def test_logits_and_ppl_choose_exact_rows(self):
         # Exact rows change what the far field holds only once they are chosen, at the
         # prompt's end; a tool that never says where the prompt ends gets the logits of

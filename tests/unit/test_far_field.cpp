@@ -253,12 +253,13 @@ std::vector<float> prompt_logits(const SessionOptions& o, const std::vector<int3
   Session s(pool, o);
   s.prompt_end(static_cast<int64_t>(ids.size()));
   testing::internal::CaptureStderr();
-  // Fed as two parts split where the exact-row rebuild happens (512 rows before the
-  // end), so runs with and without it go through the same chunks (last_loop results
-  // depend on the chunk schedule).
-  const size_t split = ids.size() - 512;
+  // Fed in three parts split where the exact-row rebuild's two stages happen (512 rows
+  // before the end, and before the last row), so runs with and without it go through the
+  // same chunks (last_loop results depend on the chunk schedule).
+  const size_t split = ids.size() - 512, last = ids.size() - 1;
   s.forward(std::span(ids).first(split), Logits::None);
-  auto l = s.forward(std::span(ids).subspan(split), Logits::Last);
+  s.forward(std::span(ids).subspan(split, last - split), Logits::None);
+  auto l = s.forward(std::span(ids).subspan(last), Logits::Last);
   const std::string e = testing::internal::GetCapturedStderr();
   if (err) *err = e;
   const auto more = fixture::ids(4, 77);

@@ -77,13 +77,13 @@ bool CpuCaches::exact_waiting() const {
   return false;
 }
 
-std::string CpuCaches::rebuild_exact() {
+std::string CpuCaches::rebuild_exact(bool final) {
   std::string first;
   for (auto& per_layer : slots_)
     for (auto& kc : per_layer) {
       if (!kc || !kc->has_store()) continue;
       std::string why;
-      if (!kc->rebuild_exact(&why) && first.empty()) first = why.empty() ? "failed" : why;
+      if (!kc->rebuild_exact(final, &why) && first.empty()) first = why.empty() ? "failed" : why;
     }
   return first;
 }

@@ -20,7 +20,7 @@ class CpuCaches final : public SeqCaches {
   void truncate(int64_t n) override;
   KvBytes bytes() const override;
   bool exact_waiting() const override;
-  std::string rebuild_exact() override;
+  std::string rebuild_exact(bool final) override;
   std::vector<SlotFeatures> exact_features() override;
   // The slot a step names (prepare() made it).
   KvCache& slot(int layer, int slot) { return *slots_[layer][slot]; }

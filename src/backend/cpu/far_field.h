@@ -58,6 +58,12 @@ class FarField {
   int landmarks() const { return m_; }
   const O1Params& params() const { return p_; }
   int64_t pinned_rows() const { return static_cast<int64_t>(pinned_pos_.size()); }
+  // Room for n pinned rows, so the bytes held do not depend on how many were chosen.
+  void reserve_pinned(int64_t n) {
+    pinned_pos_.reserve(n);
+    pinned_k_.reserve(n * nk_ * hd_);
+    pinned_v_.reserve(n * nk_ * hd_);
+  }
   const std::vector<int64_t>& pinned_positions() const { return pinned_pos_; }
 
   // One query head's attention output (head_dim floats) for query q (already

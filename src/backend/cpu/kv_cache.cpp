@@ -150,21 +150,44 @@ bool KvCache::with_all_rows(const std::function<void(const FarField::RowFn&, con
   return true;
 }
 
-bool KvCache::rebuild_exact(std::string* why) {
+bool KvCache::rebuild_exact(bool final, std::string* why) {
   const int64_t t = rows_, sink = o1_.sink, w = o1_.w;
+  const int64_t reserve = exact_budget_ / 4;
   std::unique_ptr<FarField> rebuilt;
+  std::vector<int64_t> chosen;
   const bool ok = with_all_rows(
       [&](const FarField::RowFn& K, const FarField::RowFn& V, const FarField::RowFn& Q) {
         int m = 0;
         const std::vector<double> landmarks = FarField::key_landmarks(o1_, t, n_kv_head_, head_dim_, K, &m);
-        const std::vector<double> score =
-            exact_scores(K, V, sink, t - w, landmarks, m, n_kv_head_, head_dim_, exact_w_);
-        const std::vector<int64_t> chosen = choose_exact_rows(score, sink, t - w, exact_budget_);
+        // Candidates: every row out of the window, or (final after a first stage) those
+        // that left it since; ranks are shares within the candidates.
+        const int64_t lo = final && chosen_hi_ >= 0 ? std::max(sink, chosen_hi_) : sink, hi = t - w;
+        const int64_t budget = !final ? exact_budget_ - reserve : chosen_hi_ >= 0 ? reserve : exact_budget_;
+        if (hi > lo) {
+          const std::vector<double> score = exact_scores(K, V, lo, hi, landmarks, m, n_kv_head_, head_dim_, exact_w_);
+          chosen = choose_exact_rows(score, lo, hi, budget);
+        }
+        if (final && chosen_hi_ >= 0) {
+          chosen.insert(chosen.end(), chosen_.begin(), chosen_.end());
+          std::sort(chosen.begin(), chosen.end());
+          chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
+        }
         rebuilt = std::make_unique<FarField>(o1_, n_head_, n_kv_head_, head_dim_);
         rebuilt->build(t, K, V, Q, chosen);
+        rebuilt->reserve_pinned(sink + exact_budget_);  // the same bytes whatever was chosen
       },
       why);
-  store_.reset();  // the rows waited for this one choice
+  if (!ok || final) {
+    store_.reset();  // the rows waited for this choice
+    chosen_.clear();
+    chosen_hi_ = -1;
+  } else {
+    chosen_ = chosen;
+    chosen_hi_ = t - w;
+    // The rebuilt far field ends at t - w; the rows between the old one's end and there
+    // are still in the ring: the store takes them, so it goes on holding every far row.
+    for (int64_t j = store_->end(); j < rebuilt->far_end() && store_->ok(); ++j) store_->put(j, k(j), v(j));
+  }
   if (!ok) return false;
   far_ = std::move(rebuilt);
   return true;

@@ -38,10 +38,14 @@ class KvCache {
   // (docs/model.md section 6), with this layer's weights [n_kv_head x 2].
   void enable_exact(std::vector<float> layer_weights, int64_t budget, const std::string& spill_dir,
                     const std::string& tag);
-  // At a prompt's end: rebuilds the far field over every row with the chosen rows
-  // kept exact, then drops the store. False (with *why) when there is nothing to do
-  // or the store failed; the far field is then left as it was.
-  bool rebuild_exact(std::string* why);
+  // Near a prompt's end: rebuilds the far field over every row with the chosen rows
+  // kept exact. First stage (final false, 512 rows before the end): the budget less a
+  // reserve (a quarter) among rows [sink, rows - w); the store keeps taking the rows
+  // that leave the window. Final stage (before the prompt's last row): the reserve among
+  // the rows that left since, the first stage's rows kept, then the store goes. A final
+  // stage with no first stage before it spends the whole budget. False (with *why) when
+  // the store failed; the far field is then left as it was (and the store dropped).
+  bool rebuild_exact(bool final, std::string* why);
   bool has_store() const { return static_cast<bool>(store_); }
   // The exact-row features of rows [*lo, *hi) (see exact_rows.h), without choosing.
   bool exact_features(int64_t* lo, int64_t* hi, std::vector<double>* f);
@@ -96,6 +100,8 @@ class KvCache {
   int64_t exact_budget_ = 0;
   std::string spill_dir_, tag_;
   std::unique_ptr<RowStore> store_;
+  std::vector<int64_t> chosen_;  // the first stage's exact rows
+  int64_t chosen_hi_ = -1;       // its candidates ended here (-1: no first stage yet)
 };
 
 }  // namespace dory

@@ -63,7 +63,7 @@ class CudaCaches final : public SeqCaches {
   void truncate(int64_t n) override;
   KvBytes bytes() const override;
   bool exact_waiting() const override { return false; }
-  std::string rebuild_exact() override { return ""; }
+  std::string rebuild_exact(bool) override { return ""; }
   std::vector<SlotFeatures> exact_features() override { return {}; }
   cuda::DevKv& slot(int layer, int s) { return *slots_[layer][s]; }
 
