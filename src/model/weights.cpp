@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -297,6 +298,9 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
   w->cmf = cmf::File::open(shards[0]);
   for (size_t i = 1; i < shards.size(); ++i) w->cmf_shards.push_back(cmf::File::open(shards[i]));
   const cmf::File& f = *w->cmf;
+  if (f.features() & cmf::kSkillFile)
+    throw Error(path + ": a standalone skill file (feature bit 6) does not run on its own: give its base "
+                       "model with -m and this file with --skill");
   std::map<std::string, const cmf::Tensor*> all_tensors;
   for (const cmf::File* sf : [&] {
          std::vector<const cmf::File*> v{w->cmf.get()};
@@ -339,7 +343,37 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
   const DoryConfig& c = w->cfg;
 
   // The skill overlay: its tensors replace the backbone's by name (replacement, not addition).
-  const bool overlay = !skill.empty() && skill != "none";
+  // --skill FILE.cmf: a standalone skill file (CMF.md section 3.4), checked against this base.
+  const bool standalone = skill.size() > 4 && skill.compare(skill.size() - 4, 4, ".cmf") == 0;
+  const bool overlay = !standalone && !skill.empty() && skill != "none";
+  if (standalone) {
+    w->cmf_skill = cmf::File::open(skill);
+    const cmf::File& sf = *w->cmf_skill;
+    if (!(sf.features() & cmf::kSkillFile))
+      throw Error(skill + ": not a standalone skill file (feature bit 6 is not set); a model's own "
+                          "skills are chosen by id");
+    if (sf.skills().size() != 1)
+      throw Error(skill + ": a standalone skill file has one skill record, this one has " +
+                  std::to_string(sf.skills().size()));
+    char want[17];
+    std::snprintf(want, sizeof want, "%016llx", static_cast<unsigned long long>(f.dir_hash()));
+    std::string have = sf.skills()[0].base_dir_hash;
+    for (char& ch : have) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (have.size() < 16) have.insert(0, 16 - have.size(), '0');
+    if (have != want)
+      throw Error(skill + ": made for the base with directory hash " +
+                  (sf.skills()[0].base_dir_hash.empty() ? std::string("(none recorded)") : sf.skills()[0].base_dir_hash) +
+                  ", not " + path + " (" + want + ")");
+    for (const cmf::Tensor& t : sf.tensors()) {
+      auto it = all_tensors.find(t.name);
+      if (it == all_tensors.end())
+        throw Error(skill + ": tensor '" + t.name + "' replaces nothing in " + path);
+      if (it->second->shape != t.shape)
+        throw Error(skill + ": tensor '" + t.name + "' has shape " + shape_str(t.shape) + ", the base's is " +
+                    shape_str(it->second->shape) + " (a defragmented base is not supported)");
+      it->second = &t;
+    }
+  }
   if (overlay) {
     bool known = false;
     std::string ids;

@@ -49,6 +49,7 @@ struct Weights {
   std::unique_ptr<gguf::File> gguf;  // set when loaded from a .gguf (then files is empty)
   std::unique_ptr<cmf::File> cmf;    // set when loaded from a .cmf (shard 1 of a sharded model)
   std::vector<std::unique_ptr<cmf::File>> cmf_shards;  // the other shards
+  std::unique_ptr<cmf::File> cmf_skill;  // --skill FILE.cmf: a standalone skill file (kept mapped)
   // Tensors decoded at load (CMF dtypes the kernels do not run yet, as F32): the views point here.
   std::vector<std::vector<float>> decoded;
   std::vector<std::vector<uint8_t>> repacked;                   // CMF q8_2f matrices as Q8_0 blocks

@@ -73,7 +73,7 @@ def dec_q4_block(b, n):
     return ((nib - 8) * sc[:, None]).ravel()[:n]
 
 
-def write(path, tensors, arch=None, vocab=b"", quant_type="Q8_2F", extra_header=None):
+def write(path, tensors, arch=None, vocab=b"", quant_type="Q8_2F", extra_header=None, features=1):
     """tensors: [(name, dtype, shape, payload bytes)]. Lays the file out as cortiq's writers
     do: envelope, header at 128, directory, data at a 4096 boundary (tensors on 64), vocab."""
     header = {"format": "cmf", "version": 2, "quant_type": quant_type, "arch": arch or {"arch_name": "dory"}}
@@ -92,7 +92,7 @@ def write(path, tensors, arch=None, vocab=b"", quant_type="Q8_2F", extra_header=
     hoff, doff = 128, 128 + len(hb)
     data_off = (doff + len(d) + 4095) // 4096 * 4096
     voff = data_off + len(data) if vocab else 0
-    env = b"CMF\x01" + struct.pack("<III", 2, 0, 1)
+    env = b"CMF\x01" + struct.pack("<III", 2, 0, features)
     env += struct.pack("<QQQQQQ", hoff, len(hb), doff, len(d), data_off, len(data))
     env += struct.pack("<QQQQQQ", 0, 0, voff, len(vocab), 0, 0)
     env += struct.pack("<QQ", hash64(hb), hash64(d))

@@ -159,7 +159,25 @@ class CmfModel(unittest.TestCase):
         self.assertTrue(np.array_equal(none, base_l))
         self.assertTrue(np.array_equal(base_l, self.logits(self.src)))
         self.assertFalse(np.array_equal(with_skill, base_l))
-        for flags, msg in (((m, "--skill", "nope"), "the file has fix"), ((self.src, "--skill", "fix"), "CMF"),
+        # The same change as a standalone skill file (feature bit 6, CMF.md section 3.4): the
+        # changed tensor under its plain name, the base's directory hash in its one record.
+        with open(m, "rb") as f:
+            base_hash = struct.unpack("<Q", f.read(128)[0x78:0x80])[0]
+        sk = os.path.join(d, "fix-skill.cmf")
+        W.write(sk, [(target, W.BF16, tuple(shape), changed_raw)], arch=self.arch(), quant_type="BF16",
+                features=1 | 64, extra_header={"skills": [{"id": "fix", "base_dir_hash": "%016x" % base_hash}]})
+        _, standalone = lg(m, "--skill", sk)
+        self.assertTrue(np.array_equal(standalone, ref))
+        other = os.path.join(d, "other-skill.cmf")
+        W.write(other, [(target, W.BF16, tuple(shape), changed_raw)], arch=self.arch(), quant_type="BF16",
+                features=1 | 64, extra_header={"skills": [{"id": "fix", "base_dir_hash": "%016x" % (base_hash ^ 1)}]})
+        plain = os.path.join(d, "plain-skill.cmf")
+        W.write(plain, [(target, W.BF16, tuple(shape), changed_raw)], arch=self.arch(), quant_type="BF16",
+                extra_header={"skills": [{"id": "fix", "base_dir_hash": "%016x" % base_hash}]})
+        for flags, msg in (((m, "--skill", other), "made for the base with directory hash"),
+                           ((m, "--skill", plain), "not a standalone skill file"),
+                           ((sk,), "does not run on its own"),
+                           ((m, "--skill", "nope"), "the file has fix"), ((self.src, "--skill", "fix"), "CMF"),
                            ((m, "--skill", "auto"), "no skill with a router")):
             r, _ = lg(*flags)
             self.assertEqual(r.returncode, 1, flags)
