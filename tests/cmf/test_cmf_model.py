@@ -275,6 +275,71 @@ class CmfModel(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("--skill auto routes one prompt", r.stderr)
 
+    def test_skill_add_grafts_a_fine_tune_and_routes_to_it(self):
+        """dory skill add: the tensors of a same-shaped fine-tune that differ from the base go
+        in as skill.ID.* (bf16), with a router fitted from prompts of its kind; the new file
+        runs the fine-tune's logits exactly under --skill ID, the base's without, and --skill
+        auto picks the skill whose prompts a request resembles."""
+        d = os.path.join(self.tmp, "add")
+        base, _ = self.write_cmf(d, q8_2f=False)
+        mlps = [i for i, ch in enumerate(self.config["hybrid_layer_pattern"]) if ch == "-"]
+        rng = np.random.default_rng(9)
+        fts, files = {}, {}
+        for n, (kid, factor) in enumerate((("low", -1.5), ("high", 0.5))):
+            target = "backbone.layers.%d.mixer.up_proj.weight" % mlps[n]
+            entries = []
+            for name, (dt, shape, raw) in sorted(self.tensors.items()):
+                if name == target:
+                    ch = (bf16_to_f32(raw) * factor).astype(np.float32)
+                    raw = (ch.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+                entries.append((name, W.BF16, tuple(shape), raw))
+            fd = os.path.join(d, "ft_" + kid)
+            os.makedirs(fd, exist_ok=True)
+            shutil.copy(os.path.join(self.src, "config.json"), fd)
+            fts[kid] = os.path.join(fd, "m.cmf")
+            W.write(fts[kid], entries, arch=self.arch(), quant_type="BF16")
+            lo = 10 if kid == "low" else 200
+            files[kid] = os.path.join(d, kid + ".ids")
+            with open(files[kid], "w") as f:
+                for _ in range(5):
+                    f.write(",".join(str(int(i)) for i in rng.integers(lo, lo + 10, 32)) + "\n")
+        one, two = os.path.join(d, "one.cmf"), os.path.join(d, "two.cmf")
+        for src, kid, out in ((base, "low", one), (one, "high", two)):
+            r = subprocess.run([DORY, "skill", "add", "-m", src, "--from", fts[kid], "--id", kid, "--prompt-ids",
+                                files[kid], "--rank", "2", "-o", out], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertRegex(r.stderr, r"skill %s: 1 tensors .* layers \[%d\]; router from 5 prompts" % (kid, mlps[0 if kid == "low" else 1]))
+        r = subprocess.run([DORY, "skill", "list", "-m", two], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"low +- \| 1 tensors .*router: mse, phi layer \d+, rank 2")
+        self.assertRegex(r.stdout, r"high +- \| 1 tensors .*router: mse, phi layer \d+, rank 2")
+        out = os.path.join(self.tmp, "a.npy")
+
+        def lg(model, *flags, ids=None):
+            r = subprocess.run([DORY, "logits", "-m", model, "--ids", ids or self.ids, "-o", out, *flags],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return np.load(out), r.stderr
+        for kid in ("low", "high"):
+            self.assertTrue(np.array_equal(lg(two, "--skill", kid)[0], lg(fts[kid])[0]), kid)
+        self.assertTrue(np.array_equal(lg(two)[0], lg(base)[0]))
+        for kid, lo in (("low", 10), ("high", 200)):
+            ids = ",".join(str(int(i)) for i in rng.integers(lo, lo + 10, 32))
+            got, err = lg(two, "--skill", "auto", ids=ids)
+            self.assertIn("skill auto: '%s'" % kid, err)
+        for args, msg in ((["--from", fts["low"], "--id", "low"], "has a skill 'low' already"),
+                          (["--from", base, "--id", "same"], "no tensor differs"),
+                          (["--from", fts["low"], "--id", "bad id"], "a skill id is"),
+                          (["--from", fts["low"], "--id", "x", "--prompt-ids", "/nonexistent"], "cannot open")):
+            if "--prompt-ids" not in args:
+                args = args + ["--prompt-ids", files["low"]]
+            r = subprocess.run([DORY, "skill", "add", "-m", two, *args, "-o", os.path.join(d, "x.cmf")],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 1, (args, r.stderr))
+            self.assertIn(msg, r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertFalse(os.path.exists(os.path.join(d, "x.cmf")))
+
     def test_arch_and_config_json_must_agree(self):
         path, _ = self.write_cmf(os.path.join(self.tmp, "bad"), q8_2f=False)
         c = dict(self.config)
