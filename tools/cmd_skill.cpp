@@ -250,7 +250,7 @@ int run_add(const SkillOpts& o) {
 }
 
 Runner add_skill(CLI::App& app) {
-  auto* cmd = app.add_subcommand("skill", "the skills of a CMF file: list them, route a prompt");
+  auto* cmd = app.add_subcommand("skill", "the skills of a CMF file: list them, route a prompt, add one from a fine-tune");
   cmd->require_subcommand(1);
   auto o = std::make_shared<SkillOpts>();
   auto which = std::make_shared<std::string>();
