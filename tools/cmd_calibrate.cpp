@@ -166,39 +166,35 @@ int run_calibrate(const CalibrateOpts& o) {
   r.rank_hard = static_cast<int64_t>(r.hard_basis.size()) / H;
   std::vector<double> score(n_tok);
   for (int64_t i = 0; i < n_tok; ++i) score[i] = r.score(states.data() + i * H);
-  // Tokens by falling score: the first k leave after one pass at a bias of the k-th score.
-  std::vector<int64_t> order(n_tok);
-  std::iota(order.begin(), order.end(), int64_t{0});
-  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });
-  int64_t k = 0;
-  if (o.exit_share >= 0) {
-    k = std::clamp<int64_t>(static_cast<int64_t>(std::llround(o.exit_share * n_tok)), 0, n_tok);
-  } else {
-    // The most tokens out whose summed NLL rise keeps the text's perplexity within
-    // max_cost percent: exp(sum dnll / n) - 1 <= max_cost / 100.
-    const double budget = std::log1p(o.max_cost / 100.0) * double(n_tok);
+  // Tokens by a falling key: the first k leave after one pass at a bias of the k-th key.
+  auto falling = [&](const std::vector<double>& key) {
+    std::vector<int64_t> ord(n_tok);
+    std::iota(ord.begin(), ord.end(), int64_t{0});
+    std::sort(ord.begin(), ord.end(), [&](int64_t a, int64_t b) { return key[a] > key[b]; });
+    return ord;
+  };
+  // The most tokens out, in that order, whose summed NLL rise keeps the text's perplexity
+  // within max_cost percent: exp(sum dnll / n) - 1 <= max_cost / 100.
+  const double budget = std::log1p(o.max_cost / 100.0) * double(n_tok);
+  auto within_budget = [&](const std::vector<int64_t>& ord) {
     double cum = 0;
+    int64_t kk = 0;
     for (int64_t j = 0; j < n_tok; ++j) {
-      cum += dnll[order[j]];
-      if (cum <= budget) k = j + 1;
+      cum += dnll[ord[j]];
+      if (cum <= budget) kk = j + 1;
     }
-  }
+    return kk;
+  };
+  const std::vector<int64_t> order = falling(score);
+  const int64_t k = o.exit_share >= 0
+                        ? std::clamp<int64_t>(static_cast<int64_t>(std::llround(o.exit_share * n_tok)), 0, n_tok)
+                        : within_budget(order);
   {
     // What other orderings would let out within the same budget: the conf gate's signal
     // (the first read-out's top probability) and, as a bound no causal gate reaches, the
     // true KL to all passes (known only after them).
     auto share_by = [&](const std::vector<double>& key) {
-      std::vector<int64_t> ord(n_tok);
-      std::iota(ord.begin(), ord.end(), int64_t{0});
-      std::sort(ord.begin(), ord.end(), [&](int64_t a, int64_t b) { return key[a] > key[b]; });
-      const double budget = std::log1p(o.max_cost / 100.0) * double(n_tok);
-      double cum = 0;
-      int64_t kk = 0;
-      for (int64_t j = 0; j < n_tok; ++j) {
-        cum += dnll[ord[j]];
-        if (cum <= budget) kk = j + 1;
-      }
-      return 100.0 * double(kk) / double(n_tok);
+      return 100.0 * double(within_budget(falling(key))) / double(n_tok);
     };
     std::vector<double> by_p1(n_tok), by_kl(n_tok);
     double all = 0;

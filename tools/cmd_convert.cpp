@@ -206,15 +206,14 @@ int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
   const Turbo& turbo = o.turbo ? *o.turbo : w->turbo;
   declare_turbo(wr, turbo, c);
 
-  const std::string tmp = o.out + ".tmp";
-  try {
+  uint64_t total = 0;
+  write_replacing(o.out, [&](const std::string& tmp) {
     wr.begin(tmp);
     if (!o.quiet) {
       std::fprintf(stderr, "writing %s: %zu tensors, type %s%s%s\n", o.out.c_str(), plan.size(),
                    ft->name, tok_note.empty() ? "" : ", ", tok_note.c_str());
     }
     const int nth = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
-    uint64_t total = 0;
     for (size_t k = 0; k < plan.size(); ++k) {
       const Plan& p = plan[k];
       const TensorView& t = *p.src;
@@ -252,15 +251,9 @@ int convert_to_gguf(const ConvertOpts& o, bool require_hf_dir) {
     }
     write_turbo_data(wr, turbo);
     wr.finish();
-    if (std::rename(tmp.c_str(), o.out.c_str()) != 0)
-      throw Error(o.out + ": cannot rename " + tmp + " to it: " + std::strerror(errno));
-    if (!o.quiet)
-      std::fprintf(stderr, "wrote %s (%s of tensor data)\n", o.out.c_str(),
-                   human_bytes(total).c_str());
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
+  });
+  if (!o.quiet)
+    std::fprintf(stderr, "wrote %s (%s of tensor data)\n", o.out.c_str(), human_bytes(total).c_str());
   return 0;
 }
 
@@ -392,15 +385,7 @@ int convert_to_cmf(const ConvertOpts& o) {
                    cmf::dtype_name(dt));
     wr.add(hf_name, dt, t.shape, std::move(payload));
   }
-  const std::string tmp = o.out + ".tmp";
-  try {
-    wr.write(tmp);
-    if (std::rename(tmp.c_str(), o.out.c_str()) != 0)
-      throw Error(o.out + ": cannot rename " + tmp + " to it: " + std::strerror(errno));
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
+  write_replacing(o.out, [&](const std::string& tmp) { wr.write(tmp); });
   if (!o.quiet)
     std::fprintf(stderr, "wrote %s (CMF v2, %s of tensor data%s)\n", o.out.c_str(),
                  human_bytes(total).c_str(), vocab.empty() ? ", no tokenizer" : ", tokenizer.json");

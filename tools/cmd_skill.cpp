@@ -19,6 +19,7 @@
 #include "common.h"
 #include "dory/error.h"
 #include "format/cmf.h"
+#include "format/mapped_file.h"
 #include "model/weights.h"
 #include "model/gguf_dory.h"
 #include "model_text.h"
@@ -230,15 +231,7 @@ int run_add(const SkillOpts& o) {
     added += payload.size();
     wr.add("skill." + o.id + "." + name, cmf::kBF16, shape, std::move(payload));
   }
-  const std::string tmp = o.out + ".tmp";
-  try {
-    wr.write(tmp);
-    if (std::rename(tmp.c_str(), o.out.c_str()) != 0)
-      throw Error(o.out + ": cannot rename " + tmp + " to it: " + std::strerror(errno));
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
+  write_replacing(o.out, [&](const std::string& tmp) { wr.write(tmp); });
   std::string ls;
   for (int64_t x : layers) ls += (ls.empty() ? "" : ",") + std::to_string(x);
   std::fprintf(stderr,

@@ -101,12 +101,11 @@ struct KvBytes {
 };
 
 // What `dory calibrate` reads off a run (Session::probe): per row, the state after
-// the first recurrent pass, and the top token and top probability of a read-out
-// after that pass and after all of them.
+// the first recurrent pass, the top probability of a read-out after that pass, and how
+// that read-out differs from the one after all passes.
 struct ProbeRows {
   int64_t hidden = 0;
   std::vector<float> state1;           // [rows x hidden]
-  std::vector<int32_t> top1, top_all;  // [rows]
   std::vector<float> p1;               // top probability after pass 1 [rows]
   // What one pass costs at each row: KL(all passes || pass 1) of the next-token
   // distributions, and the next token's NLL after pass 1 minus after all passes (the

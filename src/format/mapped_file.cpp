@@ -128,4 +128,16 @@ void write_text_file(const std::string& path, const std::string& text) {
   if (!f) throw Error(path + ": write error");
 }
 
+void write_replacing(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
+  const std::string tmp = path + ".tmp";
+  try {
+    write(tmp);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error(path + ": cannot rename " + tmp + " to it: " + std::strerror(errno));
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
 }  // namespace dory

@@ -1,6 +1,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace dory {
@@ -39,5 +40,8 @@ class MappedFile {
 
 std::string read_text_file(const std::string& path);  // throws Error
 void write_text_file(const std::string& path, const std::string& text);  // throws Error
+// Calls write(tmp) with tmp = path + ".tmp", then renames tmp to path: a file that fails
+// half-way leaves path as it was (tmp removed, the error thrown on).
+void write_replacing(const std::string& path, const std::function<void(const std::string& tmp)>& write);
 
 }  // namespace dory

@@ -2,8 +2,8 @@
 
 #include <sys/stat.h>
 
-#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -355,15 +355,16 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
     if (sf.skills().size() != 1)
       throw Error(skill + ": a standalone skill file has one skill record, this one has " +
                   std::to_string(sf.skills().size()));
-    char want[17];
-    std::snprintf(want, sizeof want, "%016llx", static_cast<unsigned long long>(f.dir_hash()));
-    std::string have = sf.skills()[0].base_dir_hash;
-    for (char& ch : have) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (have.size() < 16) have.insert(0, 16 - have.size(), '0');
-    if (have != want)
-      throw Error(skill + ": made for the base with directory hash " +
-                  (sf.skills()[0].base_dir_hash.empty() ? std::string("(none recorded)") : sf.skills()[0].base_dir_hash) +
+    const std::string& have = sf.skills()[0].base_dir_hash;
+    char* end = nullptr;
+    const uint64_t base_hash = have.empty() ? 0 : std::strtoull(have.c_str(), &end, 16);
+    if (have.empty() || *end || have.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos ||
+        base_hash != f.dir_hash()) {
+      char want[17];
+      std::snprintf(want, sizeof want, "%016llx", static_cast<unsigned long long>(f.dir_hash()));
+      throw Error(skill + ": made for the base with directory hash " + (have.empty() ? "(none recorded)" : have) +
                   ", not " + path + " (" + want + ")");
+    }
     for (const cmf::Tensor& t : sf.tensors()) {
       auto it = all_tensors.find(t.name);
       if (it == all_tensors.end())

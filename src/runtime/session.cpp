@@ -342,8 +342,6 @@ ProbeRows Session::probe(std::span<const int32_t> ids) {
   ProbeRows out;
   out.hidden = H;
   out.state1.resize(n * H);
-  out.top1.resize(n);
-  out.top_all.resize(n);
   out.p1.resize(n);
   out.kl.resize(n);
   out.dnll.assign(n, 0.0f);
@@ -356,9 +354,6 @@ ProbeRows Session::probe(std::span<const int32_t> ids) {
     for (int64_t v = 0; v < V; ++v) o[v] = l[v] - lz;
   };
   std::vector<float> lsm(V);
-  auto argmax = [&](const float* l) {
-    return static_cast<int32_t>(std::max_element(l, l + V) - l);
-  };
   Backend& be = *backend_;
   SeqCaches* one = S.caches.get();
   for (int64_t b = 0; b < n; b += S.opts.chunk) {
@@ -378,7 +373,6 @@ ProbeRows Session::probe(std::span<const int32_t> ids) {
     be.steps(S.plan_out);
     be.logits(all, logits.data());
     for (int64_t t = 0; t < T; ++t) {
-      out.top1[b + t] = argmax(logits.data() + t * V);
       out.p1[b + t] = static_cast<float>(top_probability(logits.data() + t * V, V));
       log_softmax(logits.data() + t * V, lsm1.data() + t * V);
     }
@@ -386,7 +380,6 @@ ProbeRows Session::probe(std::span<const int32_t> ids) {
     be.steps(S.plan_out);
     be.logits(all, logits.data());
     for (int64_t t = 0; t < T; ++t) {
-      out.top_all[b + t] = argmax(logits.data() + t * V);
       log_softmax(logits.data() + t * V, lsm.data());
       const float* l1 = lsm1.data() + t * V;
       double kl = 0;
