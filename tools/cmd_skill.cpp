@@ -192,12 +192,7 @@ int run_add(const SkillOpts& o) {
   const int64_t H = c.hidden;
   std::vector<float> X;
   for (const auto& ids : prompts) {
-    SessionOptions so = run.session();
-    so.gate = GateParams{};
-    so.o1 = O1Params{};
-    so.exact = ExactParams{};
-    Session s(l.backend, so);
-    const std::vector<float> phi = s.mean_hidden(ids, phi_layer);
+    const std::vector<float> phi = prompt_phi(run, l.backend, ids, phi_layer);
     X.insert(X.end(), phi.begin(), phi.end());
   }
   const int rank = std::min<int>(o.rank, static_cast<int>(prompts.size()) - 1);

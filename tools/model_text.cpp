@@ -42,6 +42,16 @@ Loaded load_model_and_tokenizer(const RunOpts& run, const std::string& tokenizer
   return l;
 }
 
+std::vector<float> prompt_phi(const RunOpts& run, const std::shared_ptr<Backend>& backend,
+                              std::span<const int32_t> ids, int layer) {
+  SessionOptions so = run.session();
+  so.gate = GateParams{};
+  so.o1 = O1Params{};
+  so.exact = ExactParams{};
+  Session s(backend, so);
+  return s.mean_hidden(ids, layer);
+}
+
 std::vector<std::pair<std::string, double>> skill_errors(const RunOpts& run, const Loaded& l,
                                                          std::span<const int32_t> ids) {
   const cmf::File* f = l.model->weights().cmf.get();
@@ -53,12 +63,9 @@ std::vector<std::pair<std::string, double>> skill_errors(const RunOpts& run, con
     if (!k.selection_error.empty()) throw Error(f->path() + ": " + k.selection_error);
     auto it = phi.find(k.selection.phi_layer);
     if (it == phi.end()) {
-      SessionOptions so = run.session();
-      so.gate = GateParams{};
-      so.o1 = O1Params{};
-      so.exact = ExactParams{};
-      Session s(l.backend, so);
-      it = phi.emplace(k.selection.phi_layer, s.mean_hidden(ids, static_cast<int>(k.selection.phi_layer))).first;
+      it = phi.emplace(k.selection.phi_layer,
+                       prompt_phi(run, l.backend, ids, static_cast<int>(k.selection.phi_layer)))
+               .first;
     }
     out.emplace_back(k.id, cmf::skill_error(k.selection, it->second));
   }

@@ -31,6 +31,11 @@ std::string route_skill(const RunOpts& run, Loaded& l, std::span<const int32_t> 
 // Commands that have no one prompt to route on refuse --skill auto with this one line.
 void refuse_auto_skill(const RunOpts& run, const char* command);
 
+// A skill router's phi of `ids` (Session::mean_hidden after `layer`) in a fresh session of
+// `run`'s settings with the gate, the far field and exact rows off.
+std::vector<float> prompt_phi(const RunOpts& run, const std::shared_ptr<Backend>& backend,
+                              std::span<const int32_t> ids, int layer);
+
 // Every routable skill's E for `ids` (the base model's hidden states), in file order.
 std::vector<std::pair<std::string, double>> skill_errors(const RunOpts& run, const Loaded& l,
                                                          std::span<const int32_t> ids);
