@@ -62,7 +62,7 @@ int run_logits(const LogitsOpts& o) {
   write_npy_f32(o.out, logits.data(), {static_cast<int64_t>(scored.size()), V});
   std::fprintf(stderr, "wrote %s: [%zu, %lld] float32 (loops %d, kv %s, chunk %d)\n",
                o.out.c_str(), scored.size(), (long long)V, session.loops(),
-               kv_mode_name(session.kv_mode()), o.run.chunk);
+               kv_mode_name(session.kv_mode()), session.options().chunk);
   // The last row's top 5, so a run shows something without numpy.
   const float* last = logits.data() + (scored.size() - 1) * V;
   std::vector<int64_t> top(V);

@@ -64,9 +64,10 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
   app->add_option("--kv", o.kv,
                   "recurrent KV cache mode (default: the model's; last_loop on a turbo model file)")
       ->check(CLI::IsMember({"per_loop", "last_loop"}));
-  app->add_option("--chunk", o.chunk, "prompt rows per batched forward")
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
+  app->add_option("--chunk", o.chunk,
+                  "prompt rows per batched forward, 1..4096 (default: 64 on the CPU, 512 on the "
+                  "GPU)")
+      ->check(CLI::Range(1, 4096));
   app->add_option(
          "--prompt-loops", o.prompt_loops,
          "last_loop: passes for prompt chunks whose logits nobody reads, 0 = all of --loops "

@@ -21,7 +21,7 @@ struct RunOpts {
   int threads = 0;    // 0 = all cores
   int loops = 0;      // 0 = the model's
   std::string kv;     // "" = the model's
-  int chunk = 64;
+  int chunk = 0;  // 0 = the backend's (Backend::default_chunk)
   int prompt_loops = -1;               // -1 = the model file's
   std::string gate;                    // "" = the model file's
   std::string o1;                      // "" = the model file's

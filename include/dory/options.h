@@ -62,7 +62,9 @@ ExactParams parse_exact(const std::string& s);
 struct SessionOptions {
   int loops = 0;                // recurrent passes per token, 1..16; 0 = the config's
   std::optional<KvMode> kv;     // default: the turbo file's last_loop, else the config's mode
-  int chunk = 64;               // prompt rows per batched forward
+  // Prompt rows per batched forward; 0 = the backend's (64 on the CPU, where a chunk's
+  // activations stay in cache; 512 on the GPU, where a pass streams every weight once).
+  int chunk = 0;
   int64_t rewind_margin = 256;  // rows a sliding layer keeps beyond its window
   // last_loop: a prompt chunk whose logits nobody reads runs min(loops, prompt_loops)
   // passes (docs/model.md, "Prompt loops"); 0 = off.

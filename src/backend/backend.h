@@ -105,6 +105,8 @@ class Backend {
   // bench sets decode against); 0 where the backend does not measure it (the CPU: see
   // bench/stream.c and bench/peer_ab.sh).
   virtual double measured_read_bandwidth() { return 0; }
+  // Prompt rows per pass when the session leaves it open (SessionOptions::chunk = 0).
+  virtual int default_chunk() const { return 64; }
 };
 
 // The slot-table walk both backends' SeqCaches::prepare share: for every attention step of

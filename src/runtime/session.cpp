@@ -91,6 +91,7 @@ Session::Session(std::shared_ptr<Backend> backend, SessionOptions opts)
   if (!backend_) throw Error("a session needs a backend");
   const DoryConfig& c = backend_->model().config();
   const Turbo& turbo = backend_->model().weights().turbo;
+  if (opts.chunk == 0) opts.chunk = backend_->default_chunk();
   if (opts.chunk < 1 || opts.chunk > 4096)
     throw Error("chunk size " + std::to_string(opts.chunk) + " is out of range (1..4096)");
   if (opts.rewind_margin < 0) throw Error("rewind margin must not be negative");

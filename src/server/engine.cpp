@@ -51,6 +51,7 @@ Engine::Engine(std::shared_ptr<Backend> backend, const Tokenizer& tok, EngineOpt
   const DoryConfig& c = backend_->model().config();
   if (opts_.slots < 1) throw Error("--parallel must be at least 1");
   if (opts_.ctx <= 0 || opts_.ctx > c.max_positions) opts_.ctx = c.max_positions;
+  if (opts_.session.chunk == 0) opts_.session.chunk = backend_->default_chunk();
   if (opts_.prefill_rows <= 0) opts_.prefill_rows = opts_.session.chunk;
   for (int i = 0; i < opts_.slots; ++i) {
     auto s = std::make_unique<Slot>();
