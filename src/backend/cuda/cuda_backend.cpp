@@ -378,6 +378,8 @@ void CudaBackend::begin(const PassRows& r) {
     pos_[t] = r.pos.empty() ? r.start + t : r.pos[t];
     seq_[t] = r.seq.empty() ? 0 : r.seq[t];
   }
+  one_run_ = true;  // one sequence's consecutive positions: prompt attention on tensor cores
+  for (int64_t t = 1; t < T; ++t) one_run_ = one_run_ && seq_[t] == seq_[0] && pos_[t] == pos_[0] + t;
   caches_.resize(r.caches.size());
   for (size_t i = 0; i < r.caches.size(); ++i) caches_[i] = static_cast<CudaCaches*>(r.caches[i]);
   reserve(T);
@@ -400,6 +402,7 @@ void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y) {
   const bool quant = a == cuda::Act::Block32 || a == cuda::Act::Block256;
   cuda::linear(w, x, T, y, a, act_.get(), quant && act_src_ == x && act_kind_ == a);
   if (quant) act_src_ = x, act_kind_ = a;
+  else act_src_ = nullptr;  // tensor-core products round their input into the scratch
   written(y);
 }
 
@@ -438,6 +441,7 @@ void CudaBackend::lin_multi(std::initializer_list<cuda::DevMat> ws,
     cuda::linear_multi(w.data() + i, y.data() + i, static_cast<int>(j - i), x, T, a, act_.get(),
                        quant && act_src_ == x && act_kind_ == a);
     if (quant) act_src_ = x, act_kind_ = a;
+    else act_src_ = nullptr;  // tensor-core products round their input into the scratch
     i = j;
   }
   for (float* p : y) written(p);
@@ -477,7 +481,8 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
   const int rd = static_cast<int>(c.rotary_dims(prof));
   cuda::qk_prepare(q_.f(), k_.f(), v_.f(), L.q_scale, dr, T, nh, nk, hd, rd / 2,
                    prof == 1 ? c.rope_theta : c.rope_theta_2, rd);
-  cuda::attention(q_.f(), dr, T, nh, nk, hd, att_.f(), part_.f(), static_cast<int*>(cnt_.get()));
+  if (!one_run_ || !cuda::flash_attention(q_.f(), dr, T, nh, nk, hd, att_.f()))
+    cuda::attention(q_.f(), dr, T, nh, nk, hd, att_.f(), part_.f(), static_cast<int*>(cnt_.get()));
   cuda::gate_norm(att_.f(), g_.f(), L.gate_scale, T, c.n_head * c.head_dim,
                   quant_for(&L.wo, att_.f(), T));
   cuda::prof_label("attn o");

@@ -133,6 +133,7 @@ class CudaBackend final : public Backend {
   std::vector<int64_t> pos_;
   std::vector<int32_t> seq_;
   std::vector<CudaCaches*> caches_;
+  bool one_run_ = false;  // the pass's rows: one sequence, consecutive positions
   bool bf16_input_ = false;  // BF16 products round their input to bf16, as the CPU kernel set does
   cuda::DevBuf x_, inp_, state_, q_, g_, att_, k_, v_, out_, ffg_, ffu_, logits_, rows_, idx_, act_,
       part_, cnt_;

@@ -551,86 +551,301 @@ __global__ void __launch_bounds__(32 * kWarps)
 // ---- prefill products on tensor cores ----
 //
 // BF16 weights against inputs rounded to bf16 (exactly the products the CPU's AVX512_BF16
-// kernels form), float accumulation: a block computes a 64 (input rows) x 128 (weight rows)
-// tile of Y with 8 warps of 2 x 2 WMMA 16x16x16 tiles, stepping 32 columns at a time through
-// shared memory (inputs converted to bf16 on the way in). Row tiles never straddle two
-// matrices of a job (tile counts per matrix in job.wend).
-constexpr int kTcM = 64, kTcN = 128, kTcK = 32, kTcPad = 8;
+// kernels form; k_to_bf16 rounds the input once), float accumulation: a block computes a
+// BM (input rows) x 128 (weight rows) tile of Y with 8 warps (2 x 4), each BM/2 x 32 of
+// mma.sync m16n8k16 tiles; 32-column slices of both operands stream through shared memory
+// in a 3-stage cp.async pipeline (16-byte copies, zero-filled past the edges). Rows padded by
+// 8 bf16 in shared memory: the fragments' 32-bit loads hit 32 distinct banks. Row tiles never
+// straddle two matrices of a job (tile counts per matrix in job.wend).
+constexpr int kTcN = 128, kTcK = 32, kTcStages = 3, kTcLd = kTcK + 8;
 
-__global__ void __launch_bounds__(256) k_lin_tc(LinJob job, const float* __restrict__ x, int T) {
-  using namespace nvcuda;
-  struct Tiles {
-    __nv_bfloat16 a[kTcM][kTcK + kTcPad];
-    __nv_bfloat16 b[kTcN][kTcK + kTcPad];
-  };
-  union Smem {
-    Tiles t;
-    float c[kTcM][kTcN + 4];
-  };
-  __shared__ __align__(32) Smem sm;
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool ok) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(gmem),
+               "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+__global__ void k_to_bf16(const float* x, int64_t total, __nv_bfloat16* out) {
   pdl_launch();
   pdl_wait();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total / 4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(x)[i];
+    reinterpret_cast<__nv_bfloat162*>(out)[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+    reinterpret_cast<__nv_bfloat162*>(out)[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
+  }
+}
+
+template <int BM>
+__global__ void __launch_bounds__(256)
+    k_lin_tc(LinJob job, const __nv_bfloat16* __restrict__ x, int T) {
+  constexpr int MT = BM / 32;  // m16 tiles a warp (its BM/2 rows)
+  extern __shared__ __align__(16) unsigned char tc_smem[];
+  __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(tc_smem);  // [stage][BM][kTcLd]
+  __nv_bfloat16* Bs = As + kTcStages * BM * kTcLd;                 // [stage][kTcN][kTcLd]
   const int64_t tile = blockIdx.x;
   int m = 0;
   while (tile >= job.wend[m]) ++m;
   const int64_t r0 = (tile - (m ? job.wend[m - 1] : 0)) * kTcN, rows = job.rows[m];
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTcM, cols = job.cols;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * BM, cols = job.cols;
   const __nv_bfloat16* W = reinterpret_cast<const __nv_bfloat16*>(job.w[m]);
-  const int tid = threadIdx.x, warp = tid / 32, wm = warp / 4, wn = warp % 4;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  const int wm = warp / 4, wn = warp % 4;
+  const int nk = static_cast<int>(cols / kTcK);
+  auto load = [&](int stage, int kt) {
+    const int64_t k0 = static_cast<int64_t>(kt) * kTcK;
+    __nv_bfloat16* a = As + stage * BM * kTcLd;
+    __nv_bfloat16* b = Bs + stage * kTcN * kTcLd;
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-  for (int64_t k0 = 0; k0 < cols; k0 += kTcK) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {  // inputs: 64 rows x 8 float4
-      const int idx = tid + i * 256, mm = idx / 8, c4 = idx % 8;
-      float4 v = make_float4(0, 0, 0, 0);
-      if (t0 + mm < T) v = *reinterpret_cast<const float4*>(x + (t0 + mm) * cols + k0 + c4 * 4);
-      __nv_bfloat16* d = &sm.t.a[mm][c4 * 4];
-      d[0] = __float2bfloat16_rn(v.x);
-      d[1] = __float2bfloat16_rn(v.y);
-      d[2] = __float2bfloat16_rn(v.z);
-      d[3] = __float2bfloat16_rn(v.w);
+    for (int i = tid; i < BM * 4; i += 256) {
+      const int rr = i / 4, c = i % 4;
+      const bool ok = kt < nk && t0 + rr < T;
+      cp_async16(a + rr * kTcLd + c * 8, ok ? x + (t0 + rr) * cols + k0 + c * 8 : x, ok);
     }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {  // weights: 128 rows x 4 uint4
-      const int idx = tid + i * 256, n = idx / 4, c = idx % 4;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (r0 + n < rows)
-        v = __ldcs(reinterpret_cast<const uint4*>(W + (r0 + n) * cols + k0 + c * 8));
-      *reinterpret_cast<uint4*>(&sm.t.b[n][c * 8]) = v;
+    for (int i = tid; i < kTcN * 4; i += 256) {
+      const int rr = i / 4, c = i % 4;
+      const bool ok = kt < nk && r0 + rr < rows;
+      cp_async16(b + rr * kTcLd + c * 8, ok ? W + (r0 + rr) * cols + k0 + c * 8 : W, ok);
     }
-    __syncthreads();
+  };
+  // The weights are never written: their first slices may load before the wait (pdl_wait).
+  pdl_launch();
+  pdl_wait();
+#pragma unroll
+  for (int st = 0; st < kTcStages - 1; ++st) {
+    load(st, st);
+    cp_async_commit();
+  }
+  float acc[MT][4][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kTcStages - 2>();
+    __syncthreads();  // slice kt is in; every warp is done with the stage refilled next
+    load((kt + kTcStages - 1) % kTcStages, kt + kTcStages - 1);
+    cp_async_commit();
+    const __nv_bfloat16* a = As + (kt % kTcStages) * BM * kTcLd + (wm * (BM / 2) + g) * kTcLd + 2 * tq;
+    const __nv_bfloat16* b = Bs + (kt % kTcStages) * kTcN * kTcLd + (wn * 32 + g) * kTcLd + 2 * tq;
 #pragma unroll
     for (int kk = 0; kk < kTcK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+      uint32_t bf[4][2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
-        wmma::load_matrix_sync(fa[i], &sm.t.a[wm * 32 + i * 16][kk], kTcK + kTcPad);
+      for (int j = 0; j < 4; ++j) {
+        bf[j][0] = *reinterpret_cast<const uint32_t*>(b + j * 8 * kTcLd + kk);
+        bf[j][1] = *reinterpret_cast<const uint32_t*>(b + j * 8 * kTcLd + kk + 8);
+      }
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        wmma::load_matrix_sync(fb[j], &sm.t.b[wn * 32 + j * 16][kk], kTcK + kTcPad);
+      for (int i = 0; i < MT; ++i) {
+        const __nv_bfloat16* ai = a + i * 16 * kTcLd + kk;
+        const uint32_t a0 = *reinterpret_cast<const uint32_t*>(ai);
+        const uint32_t a1 = *reinterpret_cast<const uint32_t*>(ai + 8 * kTcLd);
+        const uint32_t a2 = *reinterpret_cast<const uint32_t*>(ai + 8);
+        const uint32_t a3 = *reinterpret_cast<const uint32_t*>(ai + 8 * kTcLd + 8);
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j) mma_bf16(acc[i][j], a0, a1, a2, a3, bf[j][0], bf[j][1]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  float* y = job.y[m];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = r0 + wn * 32 + j * 8 + 2 * tq;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int64_t t = t0 + wm * (BM / 2) + i * 16 + g + 8 * hh;
+        if (t >= T) continue;
+        float* yp = y + t * rows + n;
+        if (n + 1 < rows && (rows % 2) == 0) {
+          *reinterpret_cast<float2*>(yp) = make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
+        } else {
+          if (n < rows) yp[0] = acc[i][j][2 * hh];
+          if (n + 1 < rows) yp[1] = acc[i][j][2 * hh + 1];
+        }
+      }
+    }
+}
+
+// ---- prompt attention on tensor cores (flash attention) ----
+//
+// For a pass whose rows are one sequence's consecutive positions (a prompt chunk): a block
+// takes 64 query rows of one head, 4 warps of 16 rows; key tiles of 64 positions go through
+// shared memory as bf16 (keys row-major, values transposed), S = Q K^T and O += P V are
+// mma.sync m16n8k16 (bf16 in, float accumulation), the softmax online in registers (the
+// accumulator layout of S is the A-operand layout of P, so P never leaves registers). Inputs
+// rounded to bf16: used where the products take bf16 inputs too (Act::Bf16's function).
+constexpr int kFaM = 64, kFaN = 64;
+
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);  // a in the low half
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(128)
+    k_flash_attn(const float* __restrict__ q, const AttnRow* __restrict__ rows, int T, int nh,
+                 int nk, float* __restrict__ out) {
+  constexpr int QS = HD + 8, VS = kFaN + 8;  // row strides in bf16 (conflict-free fragments)
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(fa_smem);  // [kFaM][QS]
+  __nv_bfloat16* Ks = Qs + kFaM * QS;                              // [kFaN][QS]
+  __nv_bfloat16* Vt = Ks + kFaN * QS;                              // [HD][VS]
+  pdl_launch();
+  pdl_wait();
+  const int t0 = blockIdx.x * kFaM, h = blockIdx.y, kvh = h / (nh / nk);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  const int64_t w = static_cast<int64_t>(nk) * HD;
+  const AttnRow r0 = rows[t0];
+  const int tl = min(T, t0 + kFaM) - 1;  // the tile's last row
+  const int64_t kstart = r0.lo, kend = rows[tl].pos;
+  // Q tile, rounded to bf16.
+  for (int i = tid; i < kFaM * HD / 4; i += 128) {
+    const int rr = i / (HD / 4), c4 = i % (HD / 4);
+    float4 v = make_float4(0, 0, 0, 0);
+    if (t0 + rr < T)
+      v = *reinterpret_cast<const float4*>(q + (static_cast<int64_t>(t0 + rr) * nh + h) * HD + c4 * 4);
+    uint2 pk;
+    pk.x = pack_bf16(v.x, v.y);
+    pk.y = pack_bf16(v.z, v.w);
+    *reinterpret_cast<uint2*>(Qs + rr * QS + c4 * 4) = pk;
+  }
+  // This thread's two rows (g and g + 8 of the warp's 16): position and first position.
+  const int ra = t0 + warp * 16 + g, rb = ra + 8;
+  int64_t pa = -1, la = 0, pb = -1, lb = 0;
+  if (ra < T) pa = rows[ra].pos, la = rows[ra].lo;
+  if (rb < T) pb = rows[rb].pos, lb = rows[rb].lo;
+  // The warp's range of keys: its first row's lo to its last row's pos.
+  const int wl = min(T - 1, t0 + warp * 16 + 15), wf = t0 + warp * 16;
+  const int64_t wlo = wf < T ? rows[wf].lo : 0, whi = wf < T ? rows[wl].pos : -1;
+  constexpr int NO = HD / 8;
+  float o[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float ma = -INFINITY, mb = -INFINITY, sa = 0.0f, sb = 0.0f;
+  const float sl2 = 1.4426950408889634f / sqrtf(static_cast<float>(HD));  // 1/sqrt(hd), log2
+  for (int64_t kb = kstart; kb <= kend; kb += kFaN) {
+    __syncthreads();  // the previous tile is used up (and Q is in place, the first time)
+    for (int i = tid; i < kFaN * HD / 4; i += 128) {
+      const int key = i % kFaN, c4 = i / kFaN;
+      const int64_t p = kb + key;
+      float4 kv = make_float4(0, 0, 0, 0), vv = kv;
+      if (p <= kend) {
+        const int64_t slot = r0.ring ? p % r0.ring : p;
+        kv = *reinterpret_cast<const float4*>(r0.k + slot * w + kvh * HD + c4 * 4);
+        vv = *reinterpret_cast<const float4*>(r0.v + slot * w + kvh * HD + c4 * 4);
+      }
+      uint2 pk;
+      pk.x = pack_bf16(kv.x, kv.y);
+      pk.y = pack_bf16(kv.z, kv.w);
+      *reinterpret_cast<uint2*>(Ks + key * QS + c4 * 4) = pk;
+      Vt[(c4 * 4 + 0) * VS + key] = __float2bfloat16_rn(vv.x);
+      Vt[(c4 * 4 + 1) * VS + key] = __float2bfloat16_rn(vv.y);
+      Vt[(c4 * 4 + 2) * VS + key] = __float2bfloat16_rn(vv.z);
+      Vt[(c4 * 4 + 3) * VS + key] = __float2bfloat16_rn(vv.w);
     }
     __syncthreads();
+    if (kb > whi || kb + kFaN - 1 < wlo) continue;  // no row of this warp sees these keys
+    float s[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    const __nv_bfloat16* qa = Qs + (warp * 16 + g) * QS + 2 * tq;
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ++ks) {
+      const uint32_t a0 = *reinterpret_cast<const uint32_t*>(qa + ks * 16);
+      const uint32_t a1 = *reinterpret_cast<const uint32_t*>(qa + 8 * QS + ks * 16);
+      const uint32_t a2 = *reinterpret_cast<const uint32_t*>(qa + ks * 16 + 8);
+      const uint32_t a3 = *reinterpret_cast<const uint32_t*>(qa + 8 * QS + ks * 16 + 8);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const __nv_bfloat16* kp = Ks + (j * 8 + g) * QS + ks * 16 + 2 * tq;
+        mma_bf16(s[j], a0, a1, a2, a3, *reinterpret_cast<const uint32_t*>(kp),
+                 *reinterpret_cast<const uint32_t*>(kp + 8));
+      }
+    }
+    // Mask, scale (log2 units) and the online softmax of rows a (g) and b (g + 8).
+    float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t p = kb + j * 8 + 2 * tq + (e & 1);
+        const bool ok = e < 2 ? (p >= la && p <= pa) : (p >= lb && p <= pb);
+        s[j][e] = ok ? s[j][e] * sl2 : -INFINITY;
+        if (e < 2)
+          xa = fmaxf(xa, s[j][e]);
+        else
+          xb = fmaxf(xb, s[j][e]);
+      }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, off));
+      xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, off));
+    }
+    const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+    const float ua = na == -INFINITY ? 0.0f : na, ub = nb == -INFINITY ? 0.0f : nb;
+    const float ca = exp2f(ma - ua), cb = exp2f(mb - ub);
+    ma = na, mb = nb;
+    sa *= ca, sb *= cb;
+#pragma unroll
+    for (int n = 0; n < NO; ++n) o[n][0] *= ca, o[n][1] *= ca, o[n][2] *= cb, o[n][3] *= cb;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[j][0] = exp2f(s[j][0] - ua), s[j][1] = exp2f(s[j][1] - ua);
+      s[j][2] = exp2f(s[j][2] - ub), s[j][3] = exp2f(s[j][3] - ub);
+      sa += s[j][0] + s[j][1], sb += s[j][2] + s[j][3];
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      const uint32_t a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      const uint32_t a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int n = 0; n < NO; ++n) {
+        const __nv_bfloat16* vp = Vt + (n * 8 + g) * VS + kk * 16 + 2 * tq;
+        mma_bf16(o[n], a0, a1, a2, a3, *reinterpret_cast<const uint32_t*>(vp),
+                 *reinterpret_cast<const uint32_t*>(vp + 8));
+      }
+    }
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int off = 1; off <= 2; off <<= 1) {
+    sa += __shfl_xor_sync(0xffffffffu, sa, off);
+    sb += __shfl_xor_sync(0xffffffffu, sb, off);
+  }
+  const float ia = sa > 0.0f ? 1.0f / sa : 0.0f, ib = sb > 0.0f ? 1.0f / sb : 0.0f;
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(&sm.c[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], kTcN + 4,
-                              wmma::mem_row_major);
-  __syncthreads();
-  float* y = job.y[m];
-  for (int idx = tid; idx < kTcM * kTcN; idx += 256) {
-    const int mm = idx / kTcN, n = idx % kTcN;
-    if (t0 + mm < T && r0 + n < rows) y[(t0 + mm) * rows + r0 + n] = sm.c[mm][n];
+  for (int n = 0; n < NO; ++n) {
+    const int d = n * 8 + 2 * tq;
+    if (ra < T)
+      *reinterpret_cast<float2*>(out + (static_cast<int64_t>(ra) * nh + h) * HD + d) =
+          make_float2(o[n][0] * ia, o[n][1] * ia);
+    if (rb < T)
+      *reinterpret_cast<float2*>(out + (static_cast<int64_t>(rb) * nh + h) * HD + d) =
+          make_float2(o[n][2] * ib, o[n][3] * ib);
   }
 }
 
@@ -1120,6 +1335,20 @@ void repack_blocks(int dtype, const void* src, int64_t rows, int64_t cols, void*
   }
 }
 
+template <int BM>
+void tc_launch(const LinJob& job, const __nv_bfloat16* xb, int T, int64_t tiles) {
+  constexpr size_t smem = static_cast<size_t>(kTcStages) * (BM + kTcN) * kTcLd * 2;
+  static bool raised = false;  // over 48 KB of shared memory needs an opt-in
+  if (!raised) {
+    const cudaError_t e = cudaFuncSetAttribute(k_lin_tc<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+    if (e != cudaSuccess) throw Error(std::string("CUDA: tensor-core product: ") + cudaGetErrorString(e));
+    raised = true;
+  }
+  launch("linear", k_lin_tc<BM>, dim3(static_cast<unsigned>(tiles), (T + BM - 1) / BM), dim3(256),
+         smem, job, xb, T);
+}
+
 void linear(const DevMat& w, const float* x, int T, float* y, Act act, void* scratch,
             bool x_ready) {
   linear_multi(&w, &y, 1, x, T, act, scratch, x_ready);
@@ -1156,9 +1385,19 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
   if (t == kBF16 && (act == Act::Bf16 || g_tc_float) && g_tc && T >= kTcMinT && cols % kTcK == 0) {
     int64_t tiles = 0;
     for (int i = 0; i < n; ++i) job.wend[i] = tiles += (ws[i].rows + kTcN - 1) / kTcN;
+    if (!scratch) throw Error("linear: tensor-core products need a scratch buffer");
+    __nv_bfloat16* xb = static_cast<__nv_bfloat16*>(scratch);
+    const int64_t total = static_cast<int64_t>(T) * cols;
+    prof_mark("round input");
+    launch("linear input", k_to_bf16,
+           dim3(static_cast<unsigned>(std::min<int64_t>(4096, (total / 4 + 255) / 256))), dim3(256),
+           0, x, total, xb);
     prof_mark(g_label ? g_label : "linear", bytes);
-    launch("linear", k_lin_tc, dim3(static_cast<unsigned>(tiles), (T + kTcM - 1) / kTcM), dim3(256),
-           0, job, x, T);
+    // 128 input rows a tile where that still gives every SM two tiles, else 64.
+    if (tiles * ((T + 127) / 128) >= 2 * sms())
+      tc_launch<128>(job, xb, T, tiles);
+    else
+      tc_launch<64>(job, xb, T, tiles);
     g_label = nullptr;
     return;
   }
@@ -1285,6 +1524,36 @@ void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int h
   prof_mark("attention");
   launch("attention", k_attention, dim3(T, nh, S), dim3(32 * kAttWarps), smem, q, rows, nh, nk, hd,
          S, out, part, counters);
+}
+
+template <int HD>
+void flash_launch(const float* q, const AttnRow* rows, int T, int nh, int nk, float* out) {
+  constexpr size_t smem = ((kFaM + kFaN) * (HD + 8) + HD * (kFaN + 8)) * 2;
+  static bool raised = false;  // the block's shared memory over 48 KB needs an opt-in
+  if (!raised) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        k_flash_attn<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) throw Error(std::string("CUDA: flash attention: ") + cudaGetErrorString(e));
+    raised = true;
+  }
+  launch("flash attention", k_flash_attn<HD>, dim3((T + kFaM - 1) / kFaM, nh), dim3(128), smem, q,
+         rows, T, nh, nk, out);
+}
+
+bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd,
+                     float* out) {
+  if (!g_tc || !g_tc_float || T < kTcMinT) return false;
+  prof_mark("attention (tensor cores)");
+  switch (hd) {
+    case 16: flash_launch<16>(q, rows, T, nh, nk, out); break;
+    case 32: flash_launch<32>(q, rows, T, nh, nk, out); break;
+    case 64: flash_launch<64>(q, rows, T, nh, nk, out); break;
+    case 128: flash_launch<128>(q, rows, T, nh, nk, out); break;
+    case 256: flash_launch<256>(q, rows, T, nh, nk, out); break;
+    default: return false;
+  }
+  check_last("flash attention");
+  return true;
 }
 
 void gate_norm(float* y, const float* g, const float* gate_scale, int T, int64_t w, QOut qo) {

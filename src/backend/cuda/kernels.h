@@ -83,6 +83,11 @@ void qk_prepare(float* q, float* k, const float* v, const float* q_scale, const 
 // the last of them joins them, found by `counters` (T x nh ints, zero before, zero after).
 void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out,
                float* part, int* counters);
+// The same on tensor cores (bf16 inputs, Act::Bf16's rounding) for a pass whose rows are one
+// sequence's consecutive positions (same cache slot, rows[t].pos = rows[0].pos + t): false,
+// nothing launched, where it does not apply (tensor cores off, float inputs asked for, fewer
+// than 16 rows, a head dimension other than 16, 32, 64, 128 or 256).
+bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out);
 int attention_splits(int T, int nh);
 int64_t attention_part_floats(int T, int nh, int hd);
 // y <- n(y * sigmoid(g * gate_scale)) over each row of w floats.

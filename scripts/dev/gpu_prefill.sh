@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The prompt path on the GPU, in one device call: the GPU tests, GPU-vs-CPU logits of the
+# Dory-4B shape over a 100-row chunk (tensor-core products and flash attention at head
+# dimension 256), pp512 / pp4096, and a per-kernel profile of pp4096. Logs under $OUT.
+#   scripts/dev/gpu_prefill.sh [tests] [parity] [bench] [profile]   (default: all)
+set -uo pipefail
+OUT=${OUT:-/tmp}
+want=${*:-tests parity bench profile}
+stamp() { echo "== $(date +%T) $*"; }
+if [[ $want == *tests* ]]; then
+  stamp tests
+  DORY_BIN=build/dory timeout 300 python3 tests/gpu/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt" | grep -E "max\|d\||agreement|greedy|^Ran|^OK|FAIL|Error|error" | tail -40
+fi
+if [[ $want == *parity* || $want == *bench* || $want == *profile* ]]; then
+  stamp checkpoint
+  [ -f /tmp/dory4b/config.json ] || python3 scripts/make_checkpoint.py --out /tmp/dory4b --preset 4b --quiet
+fi
+if [[ $want == *parity* ]]; then
+  stamp "4b parity, 100 rows in one chunk"
+  ids=$(python3 -c "import numpy as np; print(','.join(map(str, np.random.default_rng(5).integers(0, 100000, 100))))")
+  build/dory logits -m /tmp/dory4b --ids $ids --device cuda -o /tmp/g.npy 2>&1 | tail -1
+  DORY_CUDA_TC=0 build/dory logits -m /tmp/dory4b --ids $ids --device cuda -o /tmp/n.npy 2>&1 | tail -1
+  build/dory logits -m /tmp/dory4b --ids $ids --device cpu -o /tmp/c.npy 2>&1 | tail -1
+  python3 -c "
+import numpy as np; g=np.load('/tmp/g.npy'); n=np.load('/tmp/n.npy'); c=np.load('/tmp/c.npy')
+for name, a in (('tensor cores', g), ('cuda cores', n)):
+    d = np.abs(a - c); print('%s vs cpu: max|d| %.3e, rel %.3e, top-1 agree %.3f' % (name, d.max(), np.linalg.norm(a - c) / np.linalg.norm(c), (a.argmax(-1) == c.argmax(-1)).mean()))"
+fi
+if [[ $want == *bench* ]]; then
+  stamp bench
+  for p in 512 4096; do build/dory bench -m /tmp/dory4b --device cuda -p $p -n 16 -r 2 2>&1 | grep -E "pp$p|tg16" | tee -a $OUT/bench.txt; done
+  DORY_CUDA_TC=0 build/dory bench -m /tmp/dory4b --device cuda -p 512 -n 0 -r 2 2>&1 | grep -E "pp512" | tee -a $OUT/bench.txt
+fi
+if [[ $want == *profile* ]]; then
+  stamp profile
+  DORY_CUDA_PROFILE=1 build/dory bench -m /tmp/dory4b --device cuda -p 4096 -n 4 -r 1 > $OUT/prof4096.txt 2>&1
+  grep prefill $OUT/prof4096.txt | head -14
+fi
+stamp done
