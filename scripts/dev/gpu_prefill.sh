@@ -30,6 +30,10 @@ if [[ $want == *bench* ]]; then
   stamp bench
   for p in 512 4096; do build/dory bench -m /tmp/dory4b --device cuda -p $p -n 16 -r 2 2>&1 | grep -E "pp$p|tg16" | tee -a $OUT/bench.txt; done
   DORY_CUDA_TC=0 build/dory bench -m /tmp/dory4b --device cuda -p 512 -n 0 -r 2 2>&1 | grep -E "pp512" | tee -a $OUT/bench.txt
+  for t in q4_k_m; do
+    [ -f /tmp/dory4b-$t.gguf ] || build/dory quantize /tmp/dory4b /tmp/dory4b-$t.gguf --type $t -q
+    build/dory bench -m /tmp/dory4b-$t.gguf --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E "pp512|tg64" | tee -a $OUT/bench.txt
+  done
 fi
 if [[ $want == *profile* ]]; then
   stamp profile

@@ -92,6 +92,11 @@ def logits(model, ids, device, *flags, env=FLOAT):
     return np.load(out)
 
 
+def wide_checkpoint():
+    """The tiny preset 256 wide (4 heads of 64): every product's width a multiple of 256."""
+    return checkpoint("hidden_size=256", "intermediate_size=512", "attention_head_dim=64", seed=8)
+
+
 def vocab_of(model):
     """The vocabulary size dory info reports ("hidden 256   ffn 768   vocab 4096")."""
     out = subprocess.run([DORY, "info", "-m", model], capture_output=True, text=True, check=True).stdout
@@ -168,19 +173,29 @@ class TinyParity(unittest.TestCase):
         # and more. The sharp check is on the built-in model, whose 1,024-row windows run on
         # tensor cores: test_bf16_agreement's "default inputs" (top-1 0.9968, KL 2.5e-5, the
         # CUDA-core path's level).
-        m = checkpoint()
         env = {"DORY_BF16_INPUT": "bf16"}
-        for chunk in ("16", "64"):
+        for m, chunk in ((checkpoint(), "16"), (checkpoint(), "64"), (wide_checkpoint(), "64")):
             ids = ids_for(70, vocab_of(m))
             g = logits(m, ids, "cuda", "--chunk", chunk, env=env)
             n = logits(m, ids, "cuda", "--chunk", chunk, env=dict(env, DORY_CUDA_TC="0"))
             c = logits(m, ids, "cpu", "--chunk", chunk, env=env)
             d, dn = float(np.abs(g - c).max()), float(np.abs(n - c).max())
             tol = 0.5
-            print("  tensor cores-cpu max|d| %.2e, cuda cores-cpu %.2e (tol %.1e)  --chunk %s" % (d, dn, tol, chunk),
-                  flush=True)
+            print("  tensor cores-cpu max|d| %.2e, cuda cores-cpu %.2e (tol %.1e)  %s --chunk %s" %
+                  (d, dn, tol, os.path.basename(m), chunk), flush=True)
             self.assertTrue(np.isfinite(g).all())
             self.assertLess(d, tol)
+
+    def test_k_quants_at_256_columns(self):
+        # The tiny preset's 64 columns leave the K types to Q8_0 (a super-block is 256 wide); here
+        # every product takes its K type: decode rows (--chunk 1) and batched rows (--chunk 7),
+        # against the CPU's scalar set as in test_float_types_and_quantized.
+        src = wide_checkpoint()
+        for t in ("q4_k_m", "q5_k_m", "q6_k"):
+            out = os.path.join(TMP, "wide-%s.gguf" % t)
+            subprocess.run([DORY, "quantize", src, out, "--type", t, "-q"], check=True, capture_output=True)
+            for chunk in ("1", "7"):
+                self.check(out, 30, "--chunk", chunk, cpu_env=dict(FLOAT, DORY_ISA="scalar"))
 
     def test_prompt_loops_and_gate(self):
         m = checkpoint()

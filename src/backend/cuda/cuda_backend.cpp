@@ -299,6 +299,13 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
           static_cast<const uint8_t*>(d.data) + m.rows * m.cols / (m.dtype == DType::Q8_0 ? 1 : 2);
       return d;
     }
+    if (m.dtype == DType::Q6_K) {
+      std::vector<uint8_t> packed(kern::mat_bytes(m));
+      cuda::repack_q6_k(m.data, m.rows, m.cols, packed.data());
+      d.data = up(packed.data(), packed.size());
+      d.scales = static_cast<const uint8_t*>(d.data) + m.rows * (m.cols / 256) * 192;
+      return d;
+    }
     d.data = up(m.data, kern::mat_bytes(m));
     return d;
   };

@@ -30,22 +30,6 @@ cudaStream_t g_stream = nullptr;
 // DType's values (tensor/dtype.h): F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K.
 enum : int { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_K, kQ5_K, kQ6_K };
 
-__device__ __forceinline__ float h2f(const uint8_t* p) {
-  const uint16_t u = static_cast<uint16_t>(p[0] | (p[1] << 8));
-  return __half2float(__ushort_as_half(u));
-}
-
-// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K/Q5_K block.
-__device__ __forceinline__ void scale_min_k4(int j, const uint8_t* s, int* sc, int* m) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *m = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -437,58 +421,44 @@ __global__ void __launch_bounds__(32 * kWarps)
   store_rows<R, NT>(job, acc, m, r0, nr, t0, nt);
 }
 
-__device__ __forceinline__ uint32_t ld_u32_2(const uint8_t* p) {  // 2-byte aligned
-  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-  return static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16);
-}
-
-// The K types, in the file's layout: lane l takes quants 8l..8l+7 of a 256-quant super-block
-// (they share one sub-block scale), as two words of int8 values, with the sub-block's scale
-// and min as floats (d * sc, dmin * m; Q6_K has no min and its quants are q - 32).
+// The K types with 16-byte loads. Q4_K (144-byte super-blocks: d, dmin, 12 bytes of 6-bit
+// scales and mins, 128 bytes of nibbles) and Q5_K (176: the same header, 32 bytes of fifth
+// bits, 128 of nibbles) keep the file's layout, whose blocks are multiples of 16 bytes: 8 lanes
+// take a super-block, lane c reading the header and bytes 16c..16c+15 of the nibbles (the
+// low nibbles are 16 quants of sub-block 2(c/2), the high ones the same 16 of the next), so a
+// warp steps over 4 super-blocks of each of its rows. Q6_K (210 bytes, not a multiple of 16)
+// goes up repacked (repack_q6_k): every block's 192 bytes of quants end to end, then the
+// blocks' 16 int8 scales, then their f16 d; 4 lanes a super-block, lane c reading 16 bytes of
+// each of ql's two 32-byte halves and of qh for half c/2 (64 quants), 8 super-blocks a step.
 template <int DT>
-__device__ __forceinline__ void kq_lane(const uint8_t* b, int lane, int* w0, int* w1, float* s,
-                                        float* mn) {
-  if (DT == kQ6_K) {
-    const int n = lane / 16, quarter = (lane % 16) / 4, l0 = (lane % 4) * 8;
-    const uint8_t* L = b + 64 * n + l0 + (quarter & 1) * 32;
-    const uint8_t* H = b + 128 + 32 * n + l0;
-    const uint32_t la = ld_u32_2(L), lb = ld_u32_2(L + 4);
-    const uint32_t ha = ld_u32_2(H), hb = ld_u32_2(H + 4);
-    const int shift_l = (quarter >> 1) * 4, shift_h = 2 * quarter;
-    const uint32_t qa = ((la >> shift_l) & 0x0F0F0F0Fu) | (((ha >> shift_h) & 0x03030303u) << 4);
-    const uint32_t qb = ((lb >> shift_l) & 0x0F0F0F0Fu) | (((hb >> shift_h) & 0x03030303u) << 4);
-    *w0 = __vsub4(static_cast<int>(qa), 0x20202020);
-    *w1 = __vsub4(static_cast<int>(qb), 0x20202020);
-    const int8_t sc = static_cast<int8_t>(b[192 + 8 * n + (lane % 4) / 2 + 2 * quarter]);
-    *s = __half2float(__ushort_as_half(static_cast<uint16_t>(b[208] | (b[209] << 8)))) *
-         static_cast<float>(sc);
-    *mn = 0.0f;
-    return;
-  }
-  const int j = lane / 4, part = lane % 4, jj = j / 2;
-  const uint8_t* q = b + (DT == kQ4_K ? 16 : 48) + 32 * jj + part * 8;
-  const uint2 raw = *reinterpret_cast<const uint2*>(q);
-  const int shift = (j & 1) * 4;
-  uint32_t qa = (raw.x >> shift) & 0x0F0F0F0Fu, qb = (raw.y >> shift) & 0x0F0F0F0Fu;
-  if (DT == kQ5_K) {
-    const uint2 h = *reinterpret_cast<const uint2*>(b + 16 + part * 8);
-    qa |= ((h.x >> j) & 0x01010101u) << 4;
-    qb |= ((h.y >> j) & 0x01010101u) << 4;
-  }
-  *w0 = static_cast<int>(qa);
-  *w1 = static_cast<int>(qb);
-  int sc, mi;
-  scale_min_k4(j, b + 4, &sc, &mi);
-  *s = h2f(b) * static_cast<float>(sc);
-  *mn = h2f(b + 2) * static_cast<float>(mi);
+__host__ __device__ constexpr int kq_stride() {  // bytes of a super-block in `data`
+  return DT == kQ4_K ? 144 : DT == kQ5_K ? 176 : 192;
 }
 
-template <int DT>
-__host__ __device__ constexpr int kq_bytes() {
-  return DT == kQ4_K ? 144 : DT == kQ5_K ? 176 : 210;
+__device__ __forceinline__ int dot16(const uint32_t (&w)[4], const int4 x, int c) {
+  return dot4(static_cast<int>(w[3]), x.w,
+              dot4(static_cast<int>(w[2]), x.z,
+                   dot4(static_cast<int>(w[1]), x.y, dot4(static_cast<int>(w[0]), x.x, c))));
 }
 
-// A warp per R rows of a K type against int8 inputs quantized per 256.
+__device__ __forceinline__ int sum16(const int4 x) {
+  const int ones = 0x01010101;
+  return dot4(ones, x.w, dot4(ones, x.z, dot4(ones, x.y, dot4(ones, x.x, 0))));
+}
+
+// Scale and min of sub-block j of a Q4_K/Q5_K header (ggml's get_scale_min_k4) from the
+// header's words 1..3 (the 12 scale bytes).
+__device__ __forceinline__ void kq_scale_min(int j, const uint4 h, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = (h.y >> (8 * j)) & 63;
+    *mn = (h.z >> (8 * j)) & 63;
+  } else {
+    const int s = 8 * (j - 4);
+    *sc = ((h.w >> s) & 0xF) | (((h.y >> (s + 6)) & 3) << 4);
+    *mn = ((h.w >> (s + 4)) & 0xF) | (((h.z >> (s + 6)) & 3) << 4);
+  }
+}
+
 template <int DT, int R, int NT>
 __global__ void __launch_bounds__(32 * kWarps)
     k_lin_kq(LinJob job, const int8_t* __restrict__ xq, const float* __restrict__ xd, int T) {
@@ -498,49 +468,110 @@ __global__ void __launch_bounds__(32 * kWarps)
   int64_t r0;
   if (!job_rows(job, R, gw, &m, &r0, &nr)) return;
   const int t0 = blockIdx.y * NT, nt = min(NT, T - t0);
-  const int64_t cols = job.cols, nsb = cols / 256, rb = nsb * kq_bytes<DT>();
-  const uint8_t* base = job.w[m] + r0 * rb;
+  const int64_t cols = job.cols, nsb = cols / 256, rowb = nsb * kq_stride<DT>();
+  constexpr int LPS = DT == kQ6_K ? 4 : 8;  // lanes a super-block
+  constexpr int SPS = 32 / LPS;             // super-blocks a warp step
+  const int sub = lane / LPS, c = lane % LPS, half = c / 2, hh = c % 2;
+  const uint8_t* base = job.w[m] + r0 * rowb;
+  // Q6_K: the scales and d of the matrix's blocks, after its quants.
+  const uint8_t* sc6 = job.sc[m] + r0 * nsb * 16;
+  const __half* d6 = reinterpret_cast<const __half*>(job.sc[m] + job.rows[m] * nsb * 16) + r0 * nsb;
   float acc[R][NT] = {};
-  // U super-blocks of each of R rows a step. U = 1: 2 (R = 4) cut the 4B shape's gate/up
-  // product from 749 to 455 GB/s on an H100 (registers, so fewer warps in flight).
-  constexpr int U = 1;
-  int w0[U][R], w1[U][R];
-  float s[U][R], mn[U][R];
+  uint4 ra[R], rb[R], rc[R], rs[R];
+  float rd[R];
   auto load = [&](int64_t sb0) {
+    const int64_t sb = sb0 + sub;
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int rr = 0; rr < R; ++rr) {
-        if (rr < nr && sb0 + u < nsb) {
-          kq_lane<DT>(base + rr * rb + (sb0 + u) * kq_bytes<DT>(), lane, &w0[u][rr], &w1[u][rr],
-                      &s[u][rr], &mn[u][rr]);
-        } else {
-          w0[u][rr] = w1[u][rr] = 0;
-          s[u][rr] = mn[u][rr] = 0.0f;
-        }
+    for (int rr = 0; rr < R; ++rr) {
+      const bool ok = rr < nr && sb < nsb;
+      const uint8_t* b = base + rr * rowb + sb * kq_stride<DT>();
+      const uint4 z = make_uint4(0, 0, 0, 0);
+      if (DT == kQ6_K) {
+        ra[rr] = ok ? __ldcs(reinterpret_cast<const uint4*>(b + 64 * half + 16 * hh)) : z;
+        rb[rr] = ok ? __ldcs(reinterpret_cast<const uint4*>(b + 64 * half + 32 + 16 * hh)) : z;
+        rc[rr] = ok ? __ldcs(reinterpret_cast<const uint4*>(b + 128 + 32 * half + 16 * hh)) : z;
+        rs[rr] = ok ? __ldg(reinterpret_cast<const uint4*>(sc6 + (rr * nsb + sb) * 16)) : z;
+        rd[rr] = ok ? __half2float(d6[rr * nsb + sb]) : 0.0f;
+      } else {
+        ra[rr] = ok ? __ldg(reinterpret_cast<const uint4*>(b)) : z;  // the header
+        rb[rr] = ok ? __ldcs(reinterpret_cast<const uint4*>(
+                          b + (DT == kQ4_K ? 16 : 48) + 32 * half + 16 * hh))
+                    : z;
+        if (DT == kQ5_K) rc[rr] = ok ? __ldcs(reinterpret_cast<const uint4*>(b + 16 + 16 * hh)) : z;
       }
+    }
   };
   load(0);
   pdl_launch();
   pdl_wait();
-  for (int64_t sb0 = 0; sb0 < nsb; sb0 += U) {
+  for (int64_t sb0 = 0; sb0 < nsb; sb0 += SPS) {
     if (sb0) load(sb0);
+    const int64_t sb = sb0 + sub;
+    if (sb >= nsb) continue;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t sb = sb0 + u;
-      if (sb >= nsb) break;
+    for (int j = 0; j < NT; ++j) {
+      if (j >= nt) break;
+      const int64_t t = t0 + j;
+      const int8_t* xr = xq + t * cols + sb * 256;
+      const float dx = xd[t * nsb + sb];
+      if (DT == kQ6_K) {
+        int4 x[4];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        if (j >= nt) break;
-        const int64_t t = t0 + j;
-        const int2 a = *reinterpret_cast<const int2*>(xq + t * cols + sb * 256 + lane * 8);
-        const float d = xd[t * nsb + sb];
-        const int xs = DT == kQ6_K ? 0 : dot4(0x01010101, a.x, dot4(0x01010101, a.y, 0));
+        for (int q = 0; q < 4; ++q)
+          x[q] = *reinterpret_cast<const int4*>(xr + 128 * half + 32 * q + 16 * hh);
 #pragma unroll
         for (int rr = 0; rr < R; ++rr) {
-          const int isum = dot4(w1[u][rr], a.y, dot4(w0[u][rr], a.x, 0));
-          acc[rr][j] +=
-              d * (s[u][rr] * static_cast<float>(isum) - mn[u][rr] * static_cast<float>(xs));
+          const uint32_t A[4] = {ra[rr].x, ra[rr].y, ra[rr].z, ra[rr].w};
+          const uint32_t B[4] = {rb[rr].x, rb[rr].y, rb[rr].z, rb[rr].w};
+          const uint32_t H[4] = {rc[rr].x, rc[rr].y, rc[rr].z, rc[rr].w};
+          // The four groups' scales: bytes 8 half + hh + 2q of the 16.
+          const uint32_t slo = half ? rs[rr].z : rs[rr].x, shi = half ? rs[rr].w : rs[rr].y;
+          float sum = 0.0f;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            uint32_t w[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const uint32_t lo = q & 1 ? B[e] : A[e];
+              const uint32_t v =
+                  ((lo >> (q >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((H[e] >> (2 * q)) & 0x03030303u) << 4);
+              w[e] = static_cast<uint32_t>(__vsub4(static_cast<int>(v), 0x20202020));
+            }
+            const int k = hh + 2 * q;  // byte of slo (k < 4) or shi
+            const int8_t scq = static_cast<int8_t>(((k < 4 ? slo : shi) >> (8 * (k & 3))) & 0xFF);
+            sum += static_cast<float>(scq) * static_cast<float>(dot16(w, x[q], 0));
+          }
+          acc[rr][j] += dx * rd[rr] * sum;
+        }
+      } else {
+        const int4 xa = *reinterpret_cast<const int4*>(xr + 64 * half + 16 * hh);
+        const int4 xb = *reinterpret_cast<const int4*>(xr + 64 * half + 32 + 16 * hh);
+        const int sa = sum16(xa), sbs = sum16(xb);
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+          const uint32_t Q[4] = {rb[rr].x, rb[rr].y, rb[rr].z, rb[rr].w};
+          uint32_t lo[4], hi[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            lo[e] = Q[e] & 0x0F0F0F0Fu;
+            hi[e] = (Q[e] >> 4) & 0x0F0F0F0Fu;
+          }
+          if (DT == kQ5_K) {
+            const uint32_t Hq[4] = {rc[rr].x, rc[rr].y, rc[rr].z, rc[rr].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              lo[e] |= ((Hq[e] >> (2 * half)) & 0x01010101u) << 4;
+              hi[e] |= ((Hq[e] >> (2 * half + 1)) & 0x01010101u) << 4;
+            }
+          }
+          int sc0, m0, sc1, m1;
+          kq_scale_min(2 * half, ra[rr], &sc0, &m0);
+          kq_scale_min(2 * half + 1, ra[rr], &sc1, &m1);
+          const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(ra[rr].x & 0xFFFF)));
+          const float dm = __half2float(__ushort_as_half(static_cast<uint16_t>(ra[rr].x >> 16)));
+          const int ia = dot16(lo, xa, 0), ib = dot16(hi, xb, 0);
+          acc[rr][j] += dx * (d * static_cast<float>(sc0 * ia + sc1 * ib) -
+                              dm * static_cast<float>(m0 * sa + m1 * sbs));
         }
       }
     }
@@ -1347,6 +1378,19 @@ void tc_launch(const LinJob& job, const __nv_bfloat16* xb, int T, int64_t tiles)
   }
   launch("linear", k_lin_tc<BM>, dim3(static_cast<unsigned>(tiles), (T + BM - 1) / BM), dim3(256),
          smem, job, xb, T);
+}
+
+void repack_q6_k(const void* src, int64_t rows, int64_t cols, void* dst) {
+  const int64_t blocks = rows * (cols / 256);
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  uint8_t* q = static_cast<uint8_t*>(dst);
+  uint8_t* sc = q + blocks * 192;
+  uint8_t* d = sc + blocks * 16;
+  for (int64_t i = 0; i < blocks; ++i) {
+    std::memcpy(q + i * 192, s + i * 210, 192);
+    std::memcpy(sc + i * 16, s + i * 210 + 192, 16);
+    std::memcpy(d + i * 2, s + i * 210 + 208, 2);
+  }
 }
 
 void linear(const DevMat& w, const float* x, int T, float* y, Act act, void* scratch,

@@ -12,7 +12,8 @@ namespace dory::cuda {
 // Q8_0 and Q4_0 go up repacked (cuda_backend.cpp, repack_blocks): `data` holds the quants of
 // every row end to end (cols bytes a row for Q8_0, cols / 2 for Q4_0, the nibbles of a block
 // in the file's order) and `scales` the blocks' f16 scales, rows x cols / 32; 16-byte loads
-// of quants then line up with the blocks. The other types keep the file's layout.
+// of quants then line up with the blocks. Q6_K goes up repacked too (repack_q6_k): `data`
+// the quants, `scales` the scale bytes then the d's. The other types keep the file's layout.
 struct DevMat {
   int dtype = 0;
   const void* data = nullptr;
@@ -64,6 +65,9 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
                   Act act = Act::Float, void* scratch = nullptr, bool x_ready = false);
 // Bytes of Q8_0 / Q4_0 blocks repacked as DevMat says (quants, then f16 scales).
 void repack_blocks(int dtype, const void* src, int64_t rows, int64_t cols, void* dst);
+// Q6_K blocks repacked as DevMat says: every block's 192 bytes of quants (ql, qh) end to end,
+// then the blocks' 16 scale bytes, then their f16 d (the same 210 bytes a block in all).
+void repack_q6_k(const void* src, int64_t rows, int64_t cols, void* dst);
 // Rows t < T of n floats: x <- x / sqrt(sum x^2 + 1e-6).
 void normalize_rows(float* x, int T, int64_t n);
 // x <- n(n(x) + a * (n(y) - n(x))) per row (y is clobbered).
