@@ -486,10 +486,15 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
   const cuda::AttnRow* dr = static_cast<const cuda::AttnRow*>(rows_.get()) + table;
   const int prof = L.rope_profile;
   const int rd = static_cast<int>(c.rotary_dims(prof));
-  cuda::qk_prepare(q_.f(), k_.f(), v_.f(), L.q_scale, dr, T, nh, nk, hd, rd / 2,
-                   prof == 1 ? c.rope_theta : c.rope_theta_2, rd);
-  if (!one_run_ || !cuda::flash_attention(q_.f(), dr, T, nh, nk, hd, att_.f()))
-    cuda::attention(q_.f(), dr, T, nh, nk, hd, att_.f(), part_.f(), static_cast<int*>(cnt_.get()));
+  const double theta = prof == 1 ? c.rope_theta : c.rope_theta_2;
+  if (T == 1) {
+    cuda::attention_decode(q_.f(), k_.f(), v_.f(), L.q_scale, dr, nh, nk, hd, rd / 2, theta, rd,
+                           att_.f(), part_.f(), static_cast<int*>(cnt_.get()));
+  } else {
+    cuda::qk_prepare(q_.f(), k_.f(), v_.f(), L.q_scale, dr, T, nh, nk, hd, rd / 2, theta, rd);
+    if (!one_run_ || !cuda::flash_attention(q_.f(), dr, T, nh, nk, hd, att_.f()))
+      cuda::attention(q_.f(), dr, T, nh, nk, hd, att_.f(), part_.f(), static_cast<int*>(cnt_.get()));
+  }
   cuda::gate_norm(att_.f(), g_.f(), L.gate_scale, T, c.n_head * c.head_dim,
                   quant_for(&L.wo, att_.f(), T));
   cuda::prof_label("attn o");

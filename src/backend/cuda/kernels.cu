@@ -1011,10 +1011,25 @@ constexpr int kAttWarps = 4;         // warps per attention block
 // the block joins its warps in shared memory, then either writes the row's output (one split)
 // or its partial (m, l, unnormalised acc); the last of a row's S blocks to finish (a counter
 // per (row, head), left at zero again) joins the partials.
+// A decode row's RoPE and head norms (qk_prepare's function) done by the attention blocks
+// themselves (Fused, T = 1): each block rotates and normalises its query head and its key
+// head into shared memory, uses that key and value for the row's own position, and the
+// blocks of split 0 whose query head is the first of its group write them to the cache for
+// later tokens (nothing in this launch reads that row from the cache).
+struct FuseArgs {
+  const float* k = nullptr;  // the row's k and v before RoPE and norm
+  const float* v = nullptr;
+  const float* q_scale = nullptr;
+  int half = 0, rotary_dims = 0;
+  double theta = 0;
+};
+
+template <bool Fused>
 __global__ void __launch_bounds__(32 * kAttWarps)
     k_attention(const float* q, const AttnRow* rows, int nh, int nk, int hd, int S, float* out,
-                float* part, int* counters) {
-  extern __shared__ float sm[];  // kAttWarps x hd accumulators, then m and l per warp
+                float* part, int* counters, FuseArgs fa) {
+  // kAttWarps x hd accumulators, m and l per warp; Fused: the row's q, k, v heads.
+  extern __shared__ float sm[];
   __shared__ bool last;
   pdl_launch();
   pdl_wait();
@@ -1026,6 +1041,56 @@ __global__ void __launch_bounds__(32 * kAttWarps)
   const int64_t n = r.pos - r.lo + 1, chunk = (n + S - 1) / S;
   const int64_t p0 = r.lo + s * chunk, p1 = min(r.pos + 1, p0 + chunk);
   const float* qh = q + (static_cast<int64_t>(t) * nh + h) * hd;
+  float* qf = sm + kAttWarps * hd + 2 * kAttWarps;  // Fused: q, k, v of the row
+  float* kf = qf + hd;
+  float* vf = kf + hd;
+  if (Fused) {
+    for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+      qf[j] = qh[j];
+      kf[j] = fa.k[kvh * hd + j];
+      vf[j] = fa.v[kvh * hd + j];
+    }
+    __syncthreads();
+    constexpr int kPer = 32 * kMaxDimsPerLane / (32 * kAttWarps);  // dims a thread
+    float vq[kPer], vk[kPer];
+    double sq = 0, sk = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int j = threadIdx.x + i * blockDim.x;
+      vq[i] = vk[i] = 0.0f;
+      if (j >= hd) continue;
+      vq[i] = qf[j], vk[i] = kf[j];
+      if (j < 2 * fa.half) {
+        const int p = j < fa.half ? j : j - fa.half;
+        const double inv_freq = pow(fa.theta, -2.0 * static_cast<double>(p) /
+                                                   static_cast<double>(fa.rotary_dims));
+        const double ang = static_cast<double>(r.pos) * inv_freq;
+        const float c = static_cast<float>(cos(ang)), sn = static_cast<float>(sin(ang));
+        const float qa = qf[p], qb = qf[p + fa.half], ka = kf[p], kb = kf[p + fa.half];
+        vq[i] = j < fa.half ? qa * c - qb * sn : qb * c + qa * sn;
+        vk[i] = j < fa.half ? ka * c - kb * sn : kb * c + ka * sn;
+      }
+      sq += static_cast<double>(vq[i]) * vq[i];
+      sk += static_cast<double>(vk[i]) * vk[i];
+    }
+    const float iq = static_cast<float>(1.0 / sqrt(block_sum_d(sq) + 1e-6));
+    const float ik = static_cast<float>(1.0 / sqrt(block_sum_d(sk) + 1e-6));
+    const bool writer = s == 0 && h % (nh / nk) == 0;
+    const int64_t slot = r.ring ? r.pos % r.ring : r.pos;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int j = threadIdx.x + i * blockDim.x;
+      if (j >= hd) continue;
+      qf[j] = vq[i] * iq * fa.q_scale[h * hd + j];
+      kf[j] = vk[i] * ik;
+      if (writer) {
+        r.k[slot * w + kvh * hd + j] = kf[j];
+        r.v[slot * w + kvh * hd + j] = vf[j];
+      }
+    }
+    __syncthreads();
+    qh = qf;
+  }
   float qv[kMaxDimsPerLane], acc[kMaxDimsPerLane];
 #pragma unroll
   for (int i = 0; i < kMaxDimsPerLane; ++i) {
@@ -1038,8 +1103,9 @@ __global__ void __launch_bounds__(32 * kAttWarps)
     const int64_t pb = p + kAttWarps;
     const bool two = pb < p1;
     const int64_t sa = r.ring ? p % r.ring : p, sbb = r.ring ? pb % r.ring : pb;
-    const float* ka = r.k + sa * w + kvh * hd;
-    const float* kb = r.k + (two ? sbb : sa) * w + kvh * hd;
+    const int64_t pbb = two ? pb : p;
+    const float* ka = Fused && p == r.pos ? kf : r.k + sa * w + kvh * hd;
+    const float* kb = Fused && pbb == r.pos ? kf : r.k + (two ? sbb : sa) * w + kvh * hd;
     float da = 0.0f, db = 0.0f;
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerLane; ++i)
@@ -1057,8 +1123,8 @@ __global__ void __launch_bounds__(32 * kAttWarps)
     const float mn = fmaxf(m, fmaxf(da, db));
     const float c = expf(m - mn), ea = expf(da - mn), eb = two ? expf(db - mn) : 0.0f;
     l = l * c + ea + eb;
-    const float* va = r.v + sa * w + kvh * hd;
-    const float* vb = r.v + (two ? sbb : sa) * w + kvh * hd;
+    const float* va = Fused && p == r.pos ? vf : r.v + sa * w + kvh * hd;
+    const float* vb = Fused && pbb == r.pos ? vf : r.v + (two ? sbb : sa) * w + kvh * hd;
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerLane; ++i)
       if (i < nd && i * 32 + lane < hd)
@@ -1566,8 +1632,23 @@ void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int h
   const int S = attention_splits(T, nh);
   const size_t smem = (kAttWarps * hd + 2 * kAttWarps) * sizeof(float);
   prof_mark("attention");
-  launch("attention", k_attention, dim3(T, nh, S), dim3(32 * kAttWarps), smem, q, rows, nh, nk, hd,
-         S, out, part, counters);
+  launch("attention", k_attention<false>, dim3(T, nh, S), dim3(32 * kAttWarps), smem, q, rows, nh,
+         nk, hd, S, out, part, counters, FuseArgs{});
+}
+
+void attention_decode(float* q, const float* k, const float* v, const float* q_scale,
+                      const AttnRow* rows, int nh, int nk, int hd, int half, double theta,
+                      int rotary_dims, float* out, float* part, int* counters) {
+  if (hd > 32 * kMaxDimsPerLane)
+    throw Error("--device cuda: head dimension " + std::to_string(hd) + " is over 512");
+  const int S = attention_splits(1, nh);
+  const size_t smem = (kAttWarps * hd + 2 * kAttWarps + 3 * hd) * sizeof(float);
+  FuseArgs fa;
+  fa.k = k, fa.v = v, fa.q_scale = q_scale, fa.half = half, fa.rotary_dims = rotary_dims;
+  fa.theta = theta;
+  prof_mark("attention (+ qk_prepare)");
+  launch("attention", k_attention<true>, dim3(1, nh, S), dim3(32 * kAttWarps), smem, q, rows, nh,
+         nk, hd, S, out, part, counters, fa);
 }
 
 template <int HD>

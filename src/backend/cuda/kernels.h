@@ -92,6 +92,11 @@ void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int h
 // nothing launched, where it does not apply (tensor cores off, float inputs asked for, fewer
 // than 16 rows, a head dimension other than 16, 32, 64, 128 or 256).
 bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out);
+// One decode row (T = 1): qk_prepare and attention in one launch (the row's own key and value
+// used from the block's shared memory, written to the cache for the tokens after it).
+void attention_decode(float* q, const float* k, const float* v, const float* q_scale,
+                      const AttnRow* rows, int nh, int nk, int hd, int half, double theta,
+                      int rotary_dims, float* out, float* part, int* counters);
 int attention_splits(int T, int nh);
 int64_t attention_part_floats(int T, int nh, int hd);
 // y <- n(y * sigmoid(g * gate_scale)) over each row of w floats.
