@@ -404,10 +404,10 @@ void CudaBackend::begin(const PassRows& r) {
      "embedding upload");
 }
 
-void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y) {
+void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y, const double* in_sum) {
   const cuda::Act a = act_for(w, bf16_input_);
   const bool quant = a == cuda::Act::Block32 || a == cuda::Act::Block256;
-  cuda::linear(w, x, T, y, a, act_.get(), quant && act_src_ == x && act_kind_ == a);
+  cuda::linear(w, x, T, y, a, act_.get(), quant && act_src_ == x && act_kind_ == a, in_sum);
   if (quant) act_src_ = x, act_kind_ = a;
   else act_src_ = nullptr;  // tensor-core products round their input into the scratch
   written(y);
@@ -487,18 +487,25 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
   const int prof = L.rope_profile;
   const int rd = static_cast<int>(c.rotary_dims(prof));
   const double theta = prof == 1 ? c.rope_theta : c.rope_theta_2;
+  // Decode into a BF16/F16 o product: the gate in the attention launch, the norm in the product.
+  double* gsum = T == 1 && cuda::half_decode(L.wo) ? next_sum() : nullptr;
   if (T == 1) {
     cuda::attention_decode(q_.f(), k_.f(), v_.f(), L.q_scale, dr, nh, nk, hd, rd / 2, theta, rd,
-                           att_.f(), part_.f(), static_cast<int*>(cnt_.get()));
+                           att_.f(), part_.f(), static_cast<int*>(cnt_.get()), g_.f(),
+                           L.gate_scale, gsum);
   } else {
     cuda::qk_prepare(q_.f(), k_.f(), v_.f(), L.q_scale, dr, T, nh, nk, hd, rd / 2, theta, rd);
     if (!one_run_ || !cuda::flash_attention(q_.f(), dr, T, nh, nk, hd, att_.f()))
       cuda::attention(q_.f(), dr, T, nh, nk, hd, att_.f(), part_.f(), static_cast<int*>(cnt_.get()));
   }
-  cuda::gate_norm(att_.f(), g_.f(), L.gate_scale, T, c.n_head * c.head_dim,
-                  quant_for(&L.wo, att_.f(), T));
+  if (gsum) {
+    written(att_.f());
+  } else {
+    cuda::gate_norm(att_.f(), g_.f(), L.gate_scale, T, c.n_head * c.head_dim,
+                    quant_for(&L.wo, att_.f(), T));
+  }
   cuda::prof_label("attn o");
-  lin(L.wo, att_.f(), T, out_.f());
+  lin(L.wo, att_.f(), T, out_.f(), gsum);
   cuda::ngpt_residual(x_.f(), out_.f(), L.alpha, T, c.hidden, quant_for(next, x_.f(), T));
 }
 
@@ -506,11 +513,22 @@ void CudaBackend::mlp_layer(const Layer& L, const cuda::DevMat* next) {
   const DoryConfig& c = model_->config();
   const int T = static_cast<int>(T_);
   cuda::prof_label("mlp gate/up");
-  lin_multi({L.w_gate, L.w_up}, {ffg_.f(), ffu_.f()}, x_.f(), T);
-  cuda::swiglu_norm(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, T, c.ffn,
-                    quant_for(&L.w_down, ffg_.f(), T));
-  cuda::prof_label("mlp down");
-  lin(L.w_down, ffg_.f(), T, out_.f());
+  // Decode of BF16/F16 weights: swiglu in the gate/up product's epilogue, its norm in down's.
+  if (T == 1 && cuda::half_decode(L.w_gate) && cuda::half_decode(L.w_down) &&
+      L.w_up.dtype == L.w_gate.dtype) {
+    double* sum = next_sum();
+    cuda::linear_swiglu(L.w_gate, L.w_up, x_.f(), ffg_.f(), L.suv_gate, L.suv_up, sum,
+                        act_for(L.w_gate, bf16_input_));
+    written(ffg_.f());
+    cuda::prof_label("mlp down");
+    lin(L.w_down, ffg_.f(), T, out_.f(), sum);
+  } else {
+    lin_multi({L.w_gate, L.w_up}, {ffg_.f(), ffu_.f()}, x_.f(), T);
+    cuda::swiglu_norm(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, T, c.ffn,
+                      quant_for(&L.w_down, ffg_.f(), T));
+    cuda::prof_label("mlp down");
+    lin(L.w_down, ffg_.f(), T, out_.f());
+  }
   cuda::ngpt_residual(x_.f(), out_.f(), L.alpha, T, c.hidden, quant_for(next, x_.f(), T));
 }
 
@@ -540,6 +558,12 @@ void CudaBackend::steps(std::span<const Step> plan) {
     pinned_ = p;
     pinned_cap_ = cap;
     drop_graphs();
+  }
+  // Two sums of squares at most a layer step (decode fusions); growing drops the graphs.
+  if (sums_.size() < 2 * plan.size() * sizeof(double)) {
+    ck(cudaStreamSynchronize(st), "decode sums");
+    drop_graphs();
+    sums_ = cuda::DevBuf(std::max<size_t>(4096, 2 * plan.size()) * sizeof(double));
   }
   // 1. The host's part: cache slots and row tables, then one copy of all the tables.
   const int64_t base = pinned_used_;
@@ -585,6 +609,11 @@ void CudaBackend::launch(std::span<const Step> plan) {
   // Host-side bookkeeping of what the input scratch holds starts afresh with each launch
   // sequence (a replayed graph does none of it).
   act_src_ = nullptr;
+  // The decode fusions' sums of squares: a slot each, zero at the start of the pass.
+  sum_next_ = 0;
+  if (T == 1)
+    ck(cudaMemsetAsync(sums_.get(), 0, sums_.size(), static_cast<cudaStream_t>(stream_)),
+       "decode sums");
   for (size_t i = 0; i < plan.size(); ++i) {
     const Step& st = plan[i];
     const cuda::DevMat* next = first_reader(plan, i + 1);
@@ -613,6 +642,11 @@ void CudaBackend::launch(std::span<const Step> plan) {
     }
   }
   act_src_ = nullptr;
+}
+
+double* CudaBackend::next_sum() {
+  if ((sum_next_ + 1) * sizeof(double) > sums_.size()) throw Error("CUDA: out of decode sums");
+  return static_cast<double*>(sums_.get()) + sum_next_++;
 }
 
 void CudaBackend::drop_graphs() {

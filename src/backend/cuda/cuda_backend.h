@@ -114,7 +114,9 @@ class CudaBackend final : public Backend {
   void written(const float* buf);
   void reserve(int64_t T);
   // A product with its input taken as the CPU backend takes it (kernels.h: Act).
-  void lin(const cuda::DevMat& w, const float* x, int T, float* y);
+  void lin(const cuda::DevMat& w, const float* x, int T, float* y, const double* in_sum = nullptr);
+  // A zeroed double for a decode fusion's sum of squares (sums_, reset each pass).
+  double* next_sum();
   // Products of one input (q/k/v/g, gate/up) in as few launches as their types allow.
   void lin_multi(std::initializer_list<cuda::DevMat> ws, std::initializer_list<float*> ys,
                  const float* x, int T);
@@ -134,6 +136,8 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> seq_;
   std::vector<CudaCaches*> caches_;
   bool one_run_ = false;  // the pass's rows: one sequence, consecutive positions
+  cuda::DevBuf sums_;     // the decode fusions' sums of squares, zeroed per pass
+  int64_t sum_next_ = 0;
   bool bf16_input_ = false;  // BF16 products round their input to bf16, as the CPU kernel set does
   cuda::DevBuf x_, inp_, state_, q_, g_, att_, k_, v_, out_, ffg_, ffu_, logits_, rows_, idx_, act_,
       part_, cnt_;

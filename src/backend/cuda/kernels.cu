@@ -134,6 +134,12 @@ struct LinJob {
   float* y[4] = {};
   int64_t rows[4] = {};
   int64_t wend[4] = {};  // running totals of warps (groups of R rows)
+  // BF16/F16 only (k_lin_half): the input's sum of squares, its norm still to be taken; the
+  // gate/up pair's swiglu scales and the sum its outputs' squares go to.
+  const double* in_sum = nullptr;
+  const float* sg = nullptr;
+  const float* su = nullptr;
+  double* out_sum = nullptr;
 };
 
 // Which matrix, first row and row count the warp gw takes; false past the last.
@@ -187,9 +193,16 @@ __device__ __forceinline__ void unpack8(const uint4 raw, float* wv) {
 }
 
 // BF16 / F16 rows (cols a multiple of 8), float input, rounded to bf16 on load when round_x.
-template <int DT, int R, int NT>
+// job.in_sum (when set): the input is a row whose norm is still to be taken, sum x^2 there (an
+// earlier kernel's atomics): x * (1 / sqrt(sum + 1e-6)) is the input, as the CPU normalises
+// it in place. Pair (decode, one input row): the warp's R rows of job.w[0] (gate) and the same
+// R rows of job.w[1] (up), and the epilogue writes silu(g * sg) * (u * su) to job.y[0] and
+// adds its squares to *job.out_sum: swiglu_norm's function less the scaling, which the down
+// product takes through in_sum.
+template <int DT, int R, int NT, bool Pair>
 __global__ void __launch_bounds__(32 * kWarps)
     k_lin_half(LinJob job, const float* __restrict__ x, int T, bool round_x) {
+  constexpr int RR = Pair ? 2 * R : R;
   const int lane = threadIdx.x % 32;
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   int m, nr;
@@ -197,24 +210,29 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (!job_rows(job, R, gw, &m, &r0, &nr)) return;
   const int t0 = blockIdx.y * NT, nt = min(NT, T - t0);
   const int64_t cols = job.cols;
-  const uint8_t* base = job.w[m] + r0 * cols * 2;
-  float acc[R][NT] = {};
-  constexpr int U = kUHalf<R>;
-  uint4 raw[U][R];
+  const uint8_t* rowp[RR];
+#pragma unroll
+  for (int rr = 0; rr < RR; ++rr)
+    rowp[rr] = Pair && rr >= R ? job.w[1] + (r0 + rr - R) * cols * 2 : job.w[m] + (r0 + rr) * cols * 2;
+  float acc[RR][NT] = {};
+  constexpr int U = kUHalf<RR>;
+  uint4 raw[U][RR];
   auto load = [&](int64_t k0) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int rr = 0; rr < R; ++rr) {
+      for (int rr = 0; rr < RR; ++rr) {
         const int64_t k = k0 + 256 * u;
-        raw[u][rr] = k < cols && rr < nr
-                         ? __ldcs(reinterpret_cast<const uint4*>(base + (rr * cols + k) * 2))
+        raw[u][rr] = k < cols && rr % R < nr
+                         ? __ldcs(reinterpret_cast<const uint4*>(rowp[rr] + k * 2))
                          : make_uint4(0, 0, 0, 0);
       }
   };
   load(lane * 8);
   pdl_launch();
   pdl_wait();
+  const float in_scale =
+      job.in_sum ? static_cast<float>(1.0 / sqrt(*job.in_sum + 1e-6)) : 1.0f;  // x * 1 is x
   for (int64_t k0 = lane * 8; k0 < cols; k0 += 256 * U) {
     if (k0 != lane * 8) load(k0);
 #pragma unroll
@@ -230,13 +248,15 @@ __global__ void __launch_bounds__(32 * kWarps)
           const float4 a = xp[0], b = xp[1];
           xv[j][0] = a.x, xv[j][1] = a.y, xv[j][2] = a.z, xv[j][3] = a.w;
           xv[j][4] = b.x, xv[j][5] = b.y, xv[j][6] = b.z, xv[j][7] = b.w;
-          if (round_x)
 #pragma unroll
-            for (int e = 0; e < 8; ++e) xv[j][e] = round_bf16(xv[j][e]);
+          for (int e = 0; e < 8; ++e) {
+            xv[j][e] *= in_scale;
+            if (round_x) xv[j][e] = round_bf16(xv[j][e]);
+          }
         }
       }
 #pragma unroll
-      for (int rr = 0; rr < R; ++rr) {
+      for (int rr = 0; rr < RR; ++rr) {
         float wv[8];
         unpack8<DT>(raw[u][rr], wv);
 #pragma unroll
@@ -250,7 +270,23 @@ __global__ void __launch_bounds__(32 * kWarps)
       }
     }
   }
-  store_rows<R, NT>(job, acc, m, r0, nr, t0, nt);
+  if constexpr (!Pair) {
+    store_rows<R, NT>(job, acc, m, r0, nr, t0, nt);
+    return;
+  }
+  double ss = 0;
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    const float gsum = warp_sum(acc[rr][0]), usum = warp_sum(acc[R + rr][0]);
+    if (rr < nr) {
+      const int64_t i = r0 + rr;
+      const float a = gsum * job.sg[i];
+      const float v = a * (1.0f / (1.0f + expf(-a))) * (usum * job.su[i]);
+      if (lane == 0) job.y[0][i] = v;
+      ss += static_cast<double>(v) * v;
+    }
+  }
+  if (lane == 0) atomicAdd(job.out_sum, ss);
 }
 
 // Any float type, any width: a warp a row, element by element (F32, and F16/BF16 rows whose
@@ -1022,7 +1058,21 @@ struct FuseArgs {
   const float* q_scale = nullptr;
   int half = 0, rotary_dims = 0;
   double theta = 0;
+  // When set: the output gate (gate_norm's function less the scaling): out * sigmoid(g * gs),
+  // its squares added to *sum for the o product to normalise by (LinJob::in_sum).
+  const float* g = nullptr;
+  const float* gs = nullptr;
+  double* sum = nullptr;
 };
+
+// An attention block's output element j of head row th, gated when fa asks.
+__device__ __forceinline__ float att_out(const FuseArgs& fa, int64_t th, int hd, int h, int j,
+                                         float val, double* ss) {
+  if (!fa.sum) return val;
+  const float v = val * (1.0f / (1.0f + expf(-fa.g[th * hd + j] * fa.gs[h * hd + j])));
+  *ss += static_cast<double>(v) * v;
+  return v;
+}
 
 template <bool Fused>
 __global__ void __launch_bounds__(32 * kAttWarps)
@@ -1147,16 +1197,23 @@ __global__ void __launch_bounds__(32 * kAttWarps)
     ll += L[i] * f[i];
   }
   const int64_t th = static_cast<int64_t>(t) * nh + h;
+  double ss = 0;
   for (int j = threadIdx.x; j < hd; j += blockDim.x) {
     float a = 0.0f;
     for (int i = 0; i < kAttWarps; ++i) a += A[i * hd + j] * f[i];
     if (S == 1) {
-      out[th * hd + j] = a / ll;
+      out[th * hd + j] = att_out(fa, th, hd, h, j, a / ll, &ss);
     } else {
       part[(th * S + s) * (hd + 2) + 2 + j] = a;
     }
   }
-  if (S == 1) return;
+  if (S == 1) {
+    if (fa.sum) {
+      ss = block_sum_d(ss);
+      if (threadIdx.x == 0) atomicAdd(fa.sum, ss);
+    }
+    return;
+  }
   if (threadIdx.x == 0) {
     part[(th * S + s) * (hd + 2)] = mm;
     part[(th * S + s) * (hd + 2) + 1] = ll;
@@ -1184,11 +1241,16 @@ __global__ void __launch_bounds__(32 * kAttWarps)
     if (i == 0) inv_l = 1.0f / lj;
   }
   __syncthreads();
+  double sj = 0;
   for (int j = threadIdx.x; j < hd; j += blockDim.x) {
     float a = 0.0f;
 #pragma unroll 8
     for (int i = 0; i < S; ++i) a += __ldcg(P + i * (hd + 2) + 2 + j) * wt[i];
-    out[th * hd + j] = a * inv_l;
+    out[th * hd + j] = att_out(fa, th, hd, h, j, a * inv_l, &sj);
+  }
+  if (fa.sum) {
+    sj = block_sum_d(sj);
+    if (threadIdx.x == 0) atomicAdd(fa.sum, sj);
   }
   if (threadIdx.x == 0) counters[th] = 0;
 }
@@ -1363,7 +1425,7 @@ template <int DT>
 struct RunHalf {
   template <int R, int NT>
   static void run(dim3 g, dim3 b, LinJob job, const float* x, int T, bool round_x) {
-    launch("linear", k_lin_half<DT, R, NT>, g, b, 0, job, x, T, round_x);
+    launch("linear", k_lin_half<DT, R, NT, false>, g, b, 0, job, x, T, round_x);
   }
 };
 struct RunQ8 {
@@ -1460,12 +1522,46 @@ void repack_q6_k(const void* src, int64_t rows, int64_t cols, void* dst) {
 }
 
 void linear(const DevMat& w, const float* x, int T, float* y, Act act, void* scratch,
-            bool x_ready) {
-  linear_multi(&w, &y, 1, x, T, act, scratch, x_ready);
+            bool x_ready, const double* in_sum) {
+  linear_multi(&w, &y, 1, x, T, act, scratch, x_ready, in_sum);
+}
+
+bool half_decode(const DevMat& w) {
+  return (w.dtype == kBF16 || w.dtype == kF16) && w.cols % 8 == 0;
+}
+
+void linear_swiglu(const DevMat& gate, const DevMat& up, const float* x, float* v, const float* sg,
+                   const float* su, double* sum, Act act) {
+  if (!half_decode(gate) || up.dtype != gate.dtype || up.cols != gate.cols || up.rows != gate.rows)
+    throw Error("linear_swiglu: gate and up must be BF16/F16 of one shape");
+  LinJob job;
+  job.t = gate.dtype;
+  job.cols = gate.cols;
+  job.n = 1;
+  job.w[0] = static_cast<const uint8_t*>(gate.data);
+  job.w[1] = static_cast<const uint8_t*>(up.data);
+  job.y[0] = v;
+  job.rows[0] = gate.rows;
+  job.sg = sg, job.su = su, job.out_sum = sum;
+  // Pairs of R rows: 2R rows a warp, as many as still leave every SM four blocks.
+  const int R = gate.rows / 2 >= 16LL * sms() ? 2 : 1;
+  job.wend[0] = (gate.rows + R - 1) / R;
+  const dim3 grid(static_cast<unsigned>((job.wend[0] + kWarps - 1) / kWarps)), block(32 * kWarps);
+  prof_mark(g_label ? g_label : "linear", 2 * weight_bytes(gate.dtype, gate.rows, gate.cols));
+  const bool rx = act == Act::Bf16;
+  if (gate.dtype == kBF16) {
+    if (R == 2) launch("linear", k_lin_half<kBF16, 2, 1, true>, grid, block, 0, job, x, 1, rx);
+    else launch("linear", k_lin_half<kBF16, 1, 1, true>, grid, block, 0, job, x, 1, rx);
+  } else {
+    if (R == 2) launch("linear", k_lin_half<kF16, 2, 1, true>, grid, block, 0, job, x, 1, rx);
+    else launch("linear", k_lin_half<kF16, 1, 1, true>, grid, block, 0, job, x, 1, rx);
+  }
+  g_label = nullptr;
+  check_last("linear");
 }
 
 void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int T, Act act,
-                  void* scratch, bool x_ready) {
+                  void* scratch, bool x_ready, const double* in_sum) {
   if (T <= 0 || n <= 0) return;
   if (n > 4) throw Error("linear_multi: at most 4 matrices");
   const int t = ws[0].dtype;
@@ -1480,6 +1576,9 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
   job.t = t;
   job.cols = cols;
   job.n = n;
+  job.in_sum = in_sum;
+  if (in_sum && !(half && T == 1))
+    throw Error("linear: an input normalised in the product is for BF16/F16 decode rows only");
   int64_t warps = 0;
   uint64_t bytes = 0;
   for (int i = 0; i < n; ++i) {
@@ -1638,7 +1737,8 @@ void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int h
 
 void attention_decode(float* q, const float* k, const float* v, const float* q_scale,
                       const AttnRow* rows, int nh, int nk, int hd, int half, double theta,
-                      int rotary_dims, float* out, float* part, int* counters) {
+                      int rotary_dims, float* out, float* part, int* counters, const float* g,
+                      const float* gate_scale, double* sum) {
   if (hd > 32 * kMaxDimsPerLane)
     throw Error("--device cuda: head dimension " + std::to_string(hd) + " is over 512");
   const int S = attention_splits(1, nh);
@@ -1646,7 +1746,8 @@ void attention_decode(float* q, const float* k, const float* v, const float* q_s
   FuseArgs fa;
   fa.k = k, fa.v = v, fa.q_scale = q_scale, fa.half = half, fa.rotary_dims = rotary_dims;
   fa.theta = theta;
-  prof_mark("attention (+ qk_prepare)");
+  fa.g = g, fa.gs = gate_scale, fa.sum = sum;
+  prof_mark(sum ? "attention (+ qk_prepare, gate)" : "attention (+ qk_prepare)");
   launch("attention", k_attention<true>, dim3(1, nh, S), dim3(32 * kAttWarps), smem, q, rows, nh,
          nk, hd, S, out, part, counters, fa);
 }

@@ -57,12 +57,22 @@ void set_tc_float_inputs(bool on);
 // the product's own loads; Block32/Block256 quantize the input to int8 and a float scale per
 // block into `scratch` (T x cols x 4 bytes is enough) and the product takes integer dot
 // products (dp4a) of those with the weights' quants, as the CPU's integer kernels do.
+// in_sum (BF16/F16 weights, T = 1 only): x is a row still to be normalised, sum x^2 at
+// in_sum; the product takes x / sqrt(sum + 1e-6) (normalize_rows' function) in its loads.
 void linear(const DevMat& w, const float* x, int T, float* y, Act act = Act::Float,
-            void* scratch = nullptr, bool x_ready = false);
+            void* scratch = nullptr, bool x_ready = false, const double* in_sum = nullptr);
+// Whether w takes the decode fusions (in_sum, linear_swiglu): BF16/F16, width a multiple of 8.
+bool half_decode(const DevMat& w);
+// Decode (one input row) gate/up in one launch with swiglu in its epilogue: v = silu((gate.x)
+// * sg) * ((up.x) * su), its squares added to *sum (zero before): swiglu_norm less the
+// scaling, which the down product takes through in_sum.
+void linear_swiglu(const DevMat& gate, const DevMat& up, const float* x, float* v, const float* sg,
+                   const float* su, double* sum, Act act);
 // Up to 4 products of one input in one launch: ys[i] = ws[i] . x; the matrices must share
 // their type and width (the input is taken once).
 void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int T,
-                  Act act = Act::Float, void* scratch = nullptr, bool x_ready = false);
+                  Act act = Act::Float, void* scratch = nullptr, bool x_ready = false,
+                  const double* in_sum = nullptr);
 // Bytes of Q8_0 / Q4_0 blocks repacked as DevMat says (quants, then f16 scales).
 void repack_blocks(int dtype, const void* src, int64_t rows, int64_t cols, void* dst);
 // Q6_K blocks repacked as DevMat says: every block's 192 bytes of quants (ql, qh) end to end,
@@ -93,10 +103,14 @@ void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int h
 // than 16 rows, a head dimension other than 16, 32, 64, 128 or 256).
 bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out);
 // One decode row (T = 1): qk_prepare and attention in one launch (the row's own key and value
-// used from the block's shared memory, written to the cache for the tokens after it).
+// used from the block's shared memory, written to the cache for the tokens after it). With
+// `sum` set, also the output gate: out * sigmoid(g * gate_scale), its squares added to *sum
+// (zero before): gate_norm less the scaling, which the o product takes through in_sum.
 void attention_decode(float* q, const float* k, const float* v, const float* q_scale,
                       const AttnRow* rows, int nh, int nk, int hd, int half, double theta,
-                      int rotary_dims, float* out, float* part, int* counters);
+                      int rotary_dims, float* out, float* part, int* counters,
+                      const float* g = nullptr, const float* gate_scale = nullptr,
+                      double* sum = nullptr);
 int attention_splits(int T, int nh);
 int64_t attention_part_floats(int T, int nh, int hd);
 // y <- n(y * sigmoid(g * gate_scale)) over each row of w floats.
