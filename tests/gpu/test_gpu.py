@@ -160,6 +160,11 @@ class TinyParity(unittest.TestCase):
             # from position 19 on tiny Q4_0; avx512 batched against avx2 batched: 0.17 on tiny
             # Q4_K_M). Scalar, avx2 batched and the GPU agree to 2e-6 (docs/cuda.md).
             self.check(out, 30, cpu_env=dict(FLOAT, DORY_ISA="scalar"))
+        # CMF q8_2f (cortiq's type): Q8_0 rows with the column scales on the input, on both.
+        out = os.path.join(TMP, "tiny-q8_2f.cmf")
+        subprocess.run([DORY, "convert", src, out, "--type", "q8_2f"], check=True, capture_output=True)
+        self.check(out, 30, cpu_env=dict(FLOAT, DORY_ISA="scalar"))
+        self.check(out, 30, "--chunk", "1", cpu_env=dict(FLOAT, DORY_ISA="scalar"))
 
     def test_tensor_core_prefill(self):
         # Chunks of 16 rows or more run BF16 products on tensor cores, their input rounded to

@@ -282,11 +282,10 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
       throw Error(
           "--device cuda: LoRA adapters (--lora) run on the CPU backend only so far (--device "
           "cpu)");
-    if (m.col_scale)
-      throw Error(
-          "--device cuda: this model's CMF q8_2f matrices run on the CPU backend only so far "
-          "(--device cpu, "
-          "or convert it to GGUF with dory quantize)");
+    if (m.col_scale) {  // CMF q8_2f: Q8_0 rows, the column scales on the input
+      d.col_scale = static_cast<const float*>(up(m.col_scale, m.cols * sizeof(float)));
+      col_scaled_ = true;
+    }
     d.dtype = static_cast<int>(m.dtype);
     d.rows = m.rows;
     d.cols = m.cols;
@@ -365,6 +364,7 @@ void CudaBackend::reserve(int64_t T) {
   for (auto* b : {&k_, &v_}) b->reserve(T * KW * f);
   for (auto* b : {&ffg_, &ffu_}) b->reserve(T * F * f);
   act_.reserve(T * std::max({H, QW, F}) * f + 256);
+  if (col_scaled_) xs_.reserve(T * std::max({H, QW, F}) * f);
   part_.reserve(std::max<int64_t>(
                     1, cuda::attention_part_floats(static_cast<int>(T), static_cast<int>(c.n_head),
                                                    static_cast<int>(c.head_dim))) *
@@ -405,6 +405,15 @@ void CudaBackend::begin(const PassRows& r) {
 }
 
 void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y, const double* in_sum) {
+  if (w.col_scale) {  // q8_2f: its own input, scaled per column
+    if (xs_.size() < T * w.cols * sizeof(float)) throw Error("CUDA: q8_2f input buffer too small");
+    cuda::scale_input(x, w.col_scale, T, w.cols, xs_.f());
+    cuda::DevMat plain = w;
+    plain.col_scale = nullptr;
+    lin(plain, xs_.f(), T, y, in_sum);
+    act_src_ = nullptr;  // the scratch holds xs_'s form, which the next scaled input replaces
+    return;
+  }
   const cuda::Act a = act_for(w, bf16_input_);
   const bool quant = a == cuda::Act::Block32 || a == cuda::Act::Block256;
   cuda::linear(w, x, T, y, a, act_.get(), quant && act_src_ == x && act_kind_ == a, in_sum);
@@ -442,7 +451,13 @@ void CudaBackend::lin_multi(std::initializer_list<cuda::DevMat> ws,
   std::vector<float*> y(ys);
   for (size_t i = 0; i < w.size();) {
     size_t j = i + 1;
-    while (j < w.size() && w[j].dtype == w[i].dtype && w[j].cols == w[i].cols) ++j;
+    if (w[i].col_scale) {  // q8_2f takes its own input
+      lin(w[i], x, T, y[i]);
+      ++i;
+      continue;
+    }
+    while (j < w.size() && w[j].dtype == w[i].dtype && w[j].cols == w[i].cols && !w[j].col_scale)
+      ++j;
     const cuda::Act a = act_for(w[i], bf16_input_);
     const bool quant = a == cuda::Act::Block32 || a == cuda::Act::Block256;
     cuda::linear_multi(w.data() + i, y.data() + i, static_cast<int>(j - i), x, T, a, act_.get(),

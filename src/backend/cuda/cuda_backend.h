@@ -139,6 +139,8 @@ class CudaBackend final : public Backend {
   cuda::DevBuf sums_;     // the decode fusions' sums of squares, zeroed per pass
   int64_t sum_next_ = 0;
   bool bf16_input_ = false;  // BF16 products round their input to bf16, as the CPU kernel set does
+  cuda::DevBuf xs_;  // a q8_2f matrix's input scaled by its columns
+  bool col_scaled_ = false;  // some matrix is q8_2f
   cuda::DevBuf x_, inp_, state_, q_, g_, att_, k_, v_, out_, ffg_, ffu_, logits_, rows_, idx_, act_,
       part_, cnt_;
   // What act_ holds: the int8 form (act_kind_) of act_src_, or nothing usable (nullptr).

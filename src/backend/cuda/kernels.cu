@@ -1295,6 +1295,15 @@ __global__ void k_scale_cols(float* x, const float* s, int64_t total, int64_t V)
     x[i] *= s[i % V];
 }
 
+__global__ void k_scale_input(const float* x, const float* col, int64_t total, int64_t cols,
+                              float* out) {
+  pdl_launch();
+  pdl_wait();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = x[i] * col[i % cols];
+}
+
 __global__ void k_gather_rows(const float* x, const int64_t* idx, int64_t n, int64_t total,
                               float* y) {
   pdl_launch();
@@ -1802,6 +1811,14 @@ void scale_cols(float* logits, const float* scale, int T, int64_t V) {
          dim3(static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256))), dim3(256), 0,
          logits, scale, total, V);
   check_last("scale_cols");
+}
+
+void scale_input(const float* x, const float* col, int T, int64_t cols, float* out) {
+  const int64_t total = static_cast<int64_t>(T) * cols;
+  prof_mark("scale_input");
+  launch("scale_input", k_scale_input,
+         dim3(static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256))), dim3(256), 0, x,
+         col, total, cols, out);
 }
 
 void gather_rows(const float* x, const int64_t* idx, int n_rows, int64_t n, float* y) {

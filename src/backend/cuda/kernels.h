@@ -14,11 +14,14 @@ namespace dory::cuda {
 // in the file's order) and `scales` the blocks' f16 scales, rows x cols / 32; 16-byte loads
 // of quants then line up with the blocks. Q6_K goes up repacked too (repack_q6_k): `data`
 // the quants, `scales` the scale bytes then the d's. The other types keep the file's layout.
+// col_scale (CMF q8_2f, which runs as Q8_0 rows): cols floats the input is multiplied by
+// before the product (scale_input), as the CPU backend does.
 struct DevMat {
   int dtype = 0;
   const void* data = nullptr;
   const void* scales = nullptr;
   int64_t rows = 0, cols = 0;
+  const float* col_scale = nullptr;
 };
 
 // One attention row of a pass: where its sequence's cache slot keeps keys and values
@@ -118,6 +121,8 @@ void gate_norm(float* y, const float* g, const float* gate_scale, int T, int64_t
 // g <- n(silu(g * sg) * (u * su)) over each row of f floats (silu(a) = a * sigmoid(a)).
 void swiglu_norm(float* g, const float* u, const float* sg, const float* su, int T, int64_t f,
                  QOut qo = {});
+// out[t*cols + c] = x[t*cols + c] * col[c] (a q8_2f matrix's input).
+void scale_input(const float* x, const float* col, int T, int64_t cols, float* out);
 // logits[t*V + i] *= scale[i].
 void scale_cols(float* logits, const float* scale, int T, int64_t V);
 // y[i] = x[idx[i]] rows of n floats (gathering the rows a head reads).
