@@ -46,6 +46,18 @@ if [[ $want == *bench* ]]; then
     build/dory bench -m /tmp/dory4b-$t.gguf --device cuda -p 512 -n 64 -r 3 2>&1 | grep -E "pp512|tg64" | tee -a $OUT/bench.txt
   done
 fi
+if [[ $want == *sanitize* ]]; then
+  stamp sanitize
+  python3 scripts/make_checkpoint.py --out /tmp/san --preset tiny --set hidden_size=256 --set intermediate_size=512 --set attention_head_dim=64 --seed 8 --quiet
+  build/dory quantize /tmp/san /tmp/san-q4km.gguf --type q4_k_m -q
+  ids=$(python3 -c "import numpy as np; print(','.join(map(str, np.random.default_rng(1).integers(0, 256, 80))))")
+  for m in /tmp/san /tmp/san-q4km.gguf; do
+    for ch in 64 1; do
+      DORY_BF16_INPUT=bf16 DORY_CUDA_GRAPHS=0 compute-sanitizer --tool memcheck --print-limit 5 build/dory logits -m $m --ids $ids --chunk $ch --device cuda -o /tmp/s.npy 2>&1 | grep -E "ERROR SUMMARY|Invalid|out of bounds" | head -3
+      DORY_BF16_INPUT=bf16 compute-sanitizer --tool racecheck --print-limit 5 build/dory logits -m $m --ids $ids --chunk $ch --device cuda -o /tmp/s.npy 2>&1 | grep -E "RACECHECK SUMMARY|hazard" | head -3
+    done
+  done
+fi
 if [[ $want == *profile* ]]; then
   stamp profile
   DORY_CUDA_PROFILE=1 build/dory bench -m /tmp/dory4b --device cuda -p 4096 -n 4 -r 1 > $OUT/prof4096.txt 2>&1
