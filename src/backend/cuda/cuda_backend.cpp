@@ -230,6 +230,9 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
     const char* in = std::getenv("DORY_BF16_INPUT");
     cuda::set_tc_float_inputs(!(in && std::string(in) == "float"));
   }
+  // DORY_CUDA_FUSE=0: decode rows without the fusions (qk_prepare, gate and SwiGLU kernels of
+  // their own), to compare against.
+  if (const char* f = std::getenv("DORY_CUDA_FUSE")) fuse_ = std::string(f) != "0";
   // DORY_CUDA_GRAPHS=0: every launch on its own (to compare, or to debug a kernel).
   if (const char* g = std::getenv("DORY_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
   // DORY_CUDA_PROFILE=1: every launch timed on its own (graphs off), a table at exit.
@@ -503,8 +506,8 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
   const int rd = static_cast<int>(c.rotary_dims(prof));
   const double theta = prof == 1 ? c.rope_theta : c.rope_theta_2;
   // Decode into a BF16/F16 o product: the gate in the attention launch, the norm in the product.
-  double* gsum = T == 1 && cuda::half_decode(L.wo) ? next_sum() : nullptr;
-  if (T == 1) {
+  double* gsum = fuse_ && T == 1 && cuda::half_decode(L.wo) ? next_sum() : nullptr;
+  if (fuse_ && T == 1) {
     cuda::attention_decode(q_.f(), k_.f(), v_.f(), L.q_scale, dr, nh, nk, hd, rd / 2, theta, rd,
                            att_.f(), part_.f(), static_cast<int*>(cnt_.get()), g_.f(),
                            L.gate_scale, gsum);
@@ -529,7 +532,7 @@ void CudaBackend::mlp_layer(const Layer& L, const cuda::DevMat* next) {
   const int T = static_cast<int>(T_);
   cuda::prof_label("mlp gate/up");
   // Decode of BF16/F16 weights: swiglu in the gate/up product's epilogue, its norm in down's.
-  if (T == 1 && cuda::half_decode(L.w_gate) && cuda::half_decode(L.w_down) &&
+  if (fuse_ && T == 1 && cuda::half_decode(L.w_gate) && cuda::half_decode(L.w_down) &&
       L.w_up.dtype == L.w_gate.dtype) {
     double* sum = next_sum();
     cuda::linear_swiglu(L.w_gate, L.w_up, x_.f(), ffg_.f(), L.suv_gate, L.suv_up, sum,

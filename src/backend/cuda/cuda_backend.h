@@ -156,6 +156,7 @@ class CudaBackend final : public Backend {
   // Captured one-row passes: (the plan's steps, its table offset) -> an executable graph.
   std::map<std::string, void*> graphs_;
   bool use_graphs_ = true;
+  bool fuse_ = true;  // decode fusions (DORY_CUDA_FUSE=0: off)
 };
 
 }  // namespace dory
