@@ -1340,6 +1340,7 @@ bool g_pdl = false;  // programmatic dependent launch: sm_90 and up, unless DORY
 // take bf16-rounded inputs; with float inputs asked for (DORY_BF16_INPUT=float) they are used
 // only when g_tc_float (set_tc_float_inputs).
 bool g_tc = true, g_tc_float = false;
+bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: off)
 constexpr int kTcMinT = 16;
 
 // Every kernel goes through here: on the backend's stream, with programmatic dependent launch
@@ -1473,6 +1474,8 @@ void set_stream(void* s) {
   g_pdl = major >= 9 && !(e && std::string(e) == "0");
   const char* tc = std::getenv("DORY_CUDA_TC");
   g_tc = major >= 8 && !(tc && std::string(tc) == "0");
+  const char* fl = std::getenv("DORY_CUDA_FLASH");
+  g_flash = !(fl && std::string(fl) == "0");
 }
 
 void set_tc_float_inputs(bool on) {
@@ -1777,7 +1780,7 @@ void flash_launch(const float* q, const AttnRow* rows, int T, int nh, int nk, fl
 
 bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd,
                      float* out) {
-  if (!g_tc || !g_tc_float || T < kTcMinT) return false;
+  if (!g_tc || !g_flash || !g_tc_float || T < kTcMinT) return false;
   prof_mark("attention (tensor cores)");
   switch (hd) {
     case 16: flash_launch<16>(q, rows, T, nh, nk, out); break;
