@@ -345,6 +345,21 @@ def split_shards(specs, n, elem_size):
     return groups
 
 
+def write_tensor(job):
+    """Writes one tensor's bytes at its offset in a file already at its full size."""
+    path, off, name, shape, kind, seed, chunk_elems, dtype, cfg = job
+    init = Init(cfg)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for x in init.chunks(name, shape, kind, seed, chunk_elems):
+            b = encode(x, dtype)
+            os.pwrite(fd, b, off)
+            off += len(b)
+    finally:
+        os.close(fd)
+    return int(np.prod(shape))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output directory (created)")
@@ -407,23 +422,40 @@ def main():
             if old not in names:
                 os.remove(os.path.join(args.out, old))
 
-    init = Init(cfg)
     t0 = time.time()
-    done = 0
-    next_report = 0.0
-    for nm, g, (hdr, _) in zip(names, groups, headers):
+    # Every tensor has its own generator (Init.chunks), so tensors can be written in any order:
+    # large checkpoints are made by a process per core, each writing its tensors at their
+    # offsets in the file (the bytes are the same as one process writes; the 4B preset takes
+    # ~100 s in one, seconds on 16 cores).
+    jobs = []
+    for nm, g, (hdr, n) in zip(names, groups, headers):
         path = os.path.join(args.out, nm)
         with open(path + ".tmp", "wb") as f:
             f.write(hdr)
-            for name, shape, kind in g:
-                for x in init.chunks(name, shape, kind, args.seed, args.chunk_elems):
-                    f.write(encode(x, args.dtype))
-                    done += x.size
-                    frac = done / n_elems
-                    if frac >= next_report and n_elems > 50_000_000:
-                        dt = time.time() - t0
-                        log("  %5.1f%%  %d/%d elements  %.0fs" % (100 * frac, done, n_elems, dt))
-                        next_report += 0.05
+            f.truncate(len(hdr) + n)
+        off = len(hdr)
+        for name, shape, kind in g:
+            jobs.append((path + ".tmp", off, name, shape, kind, args.seed, args.chunk_elems, args.dtype, cfg))
+            off += esize * int(np.prod(shape))
+    procs = min(os.cpu_count() or 1, len(jobs)) if n_bytes >= (256 << 20) else 1
+    done = 0
+    next_report = 0.0
+    if procs > 1:
+        import multiprocessing
+        with multiprocessing.Pool(procs) as pool:
+            results = pool.imap_unordered(write_tensor, sorted(jobs, key=lambda j: -int(np.prod(j[3]))))
+            for elems in results:
+                done += elems
+                if done / n_elems >= next_report and n_elems > 50_000_000:
+                    log("  %5.1f%%  %d/%d elements  %.0fs  (%d processes)" % (
+                        100 * done / n_elems, done, n_elems, time.time() - t0, procs))
+                    while next_report <= done / n_elems:
+                        next_report += 0.1
+    else:
+        for job in jobs:
+            done += write_tensor(job)
+    for nm in names:
+        path = os.path.join(args.out, nm)
         os.replace(path + ".tmp", path)
     if args.shards > 1:
         index = {"metadata": {"total_size": n_bytes},
