@@ -191,6 +191,24 @@ class TinyParity(unittest.TestCase):
             self.assertTrue(np.isfinite(g).all())
             self.assertLess(d, tol)
 
+    def test_decode_fusions(self):
+        # Decode rows of BF16 weights fuse qk_prepare into attention, the output gate into
+        # attention's last step and SwiGLU into the gate/up product, the norms taken by the next
+        # product from sums of squares (docs/cuda.md). Against the unfused kernels on the GPU
+        # (DORY_CUDA_FUSE=0): the same function; the sums are added in another order (double
+        # atomics), which can move a norm by one float ulp, so float inputs are held to TOL and
+        # bf16-rounded ones, where such an ulp may cross a rounding boundary, to 0.05 (a
+        # wrong row, head or scale moves these logits by ~1).
+        m = wide_checkpoint()
+        ids = ids_for(30, vocab_of(m))
+        for env, tol in ((FLOAT, TOL), ({"DORY_BF16_INPUT": "bf16"}, 0.05)):
+            f = logits(m, ids, "cuda", "--chunk", "1", env=env)
+            u = logits(m, ids, "cuda", "--chunk", "1", env=dict(env, DORY_CUDA_FUSE="0"))
+            d = float(np.abs(f - u).max())
+            print("  fused-unfused decode max|d| %.2e (tol %.1e) %s" % (d, tol, env), flush=True)
+            self.assertTrue(np.isfinite(f).all())
+            self.assertLess(d, tol)
+
     def test_k_quants_at_256_columns(self):
         # The tiny preset's 64 columns leave the K types to Q8_0 (a super-block is 256 wide); here
         # every product takes its K type: decode rows (--chunk 1) and batched rows (--chunk 7),
