@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "common.h"
 #include "model_text.h"
+#include "model/weights.h"
 #include "server/http.h"
 
 namespace dory::cli {
@@ -58,7 +59,7 @@ int run_serve(ServeOpts o) {
   if (const char* d = std::getenv("DORY_SERVE_TEST_LOAD_DELAY_MS"))
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
   const auto t0 = std::chrono::steady_clock::now();
-  refuse_auto_skill(o.run, "dory serve (one skill per server for now)");
+  refuse_auto_skill(o.run, "dory serve (a request names its skill: \"skill\": ID)");
   Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
   const DoryConfig& c = m.model->config();
   if (o.ctx > c.max_positions)
@@ -79,7 +80,17 @@ int run_serve(ServeOpts o) {
   const int loops = o.run.loops ? o.run.loops : static_cast<int>(c.n_loops);
   const char* kv = kv_mode_name(eo.session.kv.value_or(c.kv_mode));
   const std::string where = m.backend->describe();
-  http.ready(m.backend, std::move(m.tok), tmpl, eo, rd);
+  // A CMF model with skills: a request may name another one ("skill": ID or "none"), which
+  // gets the model loaded with that skill's tensors (mapped views, nothing copied) and an
+  // engine of its own the first time.
+  server::HttpServer::SkillBackend skills;
+  if (const cmf::File* f = m.model->weights().cmf.get(); f && !f->skills().empty()) {
+    const RunOpts run = o.run;
+    skills = [run](const std::string& id) {
+      return run.open(Model::load(run.model_path(), run.placement(), id, run.lora));
+    };
+  }
+  http.ready(m.backend, std::move(m.tok), tmpl, eo, rd, std::move(skills));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr,
                "dory serve: ready in %.2f s: model '%s', %d slots x %lld positions, %s, "

@@ -1,5 +1,6 @@
 #include "server/api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -315,16 +316,28 @@ ParsedRequest parse_request(Endpoint ep, const std::string& body_text, const Api
       job.lora[static_cast<size_t>(id)] = static_cast<float>(sc);
     }
   }
-  // A skill per request needs a weight set per skill in one process: not there yet, so a request
-  // may only name the skill the server was started with (dory serve --skill).
+  // "skill": a CMF skill by id, or "none" for the base weights (the server runs a request
+  // with another skill than its own on an engine of that skill's, made on first use).
+  r.skill = ctx.skill;
   if (const json* sk = field(body, "skill")) {
     if (!sk->is_string()) bad("skill", "'skill' must be a string");
-    const std::string want = sk->get<std::string>(), have = ctx.skill.empty() ? "none" : ctx.skill;
-    if (want != have && !(want.empty() && have == "none"))
-      bad("skill", "this server runs skill '" + have +
-                       "'; a skill per request is not supported yet (start dory "
-                       "serve --skill " +
-                       want + ")");
+    std::string want = sk->get<std::string>();
+    if (want == "none") want.clear();
+    if (want == "auto")
+      bad("skill",
+          "'auto' per request is not supported yet: name the skill (dory skill route picks one "
+          "for a prompt)");
+    if (!want.empty() && std::find(ctx.skills.begin(), ctx.skills.end(), want) == ctx.skills.end()) {
+      std::string have;
+      for (const std::string& id : ctx.skills) have += (have.empty() ? "" : ", ") + id;
+      bad("skill", "this model has no skill '" + want + "' (" +
+                       (have.empty() ? std::string("it has none") : "it has: " + have) +
+                       "; or \"none\")");
+    }
+    if (want != ctx.skill && !ctx.skill_per_request)
+      bad("skill", "this server runs skill '" + (ctx.skill.empty() ? std::string("none") : ctx.skill) +
+                       "' only");
+    r.skill = want;
   }
 
   r.stream = boolean(body, "stream", false);

@@ -33,6 +33,8 @@ struct ApiContext {
   int64_t ctx = 0;                // positions per slot
   int64_t vocab = 0;              // the model's
   std::string skill;              // the CMF skill the server runs ("" = none)
+  std::vector<std::string> skills;  // the model's skills a request may name ("skill": ID)
+  bool skill_per_request = false;   // the server can run another skill than its own
   int adapters = 0;               // LoRA adapters loaded (dory serve --lora), ids 0..adapters-1
   SamplingParams sampling;        // the server's defaults (dory serve flags)
   int64_t max_tokens = -1;        // default when a request gives none
@@ -47,6 +49,7 @@ struct ParsedRequest {
   JobSpec job;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  std::string skill;           // the CMF skill to run it with ("" = the base weights)
 };
 
 // Parses a body (raw bytes) for /v1/chat/completions or /v1/completions.

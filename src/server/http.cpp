@@ -72,7 +72,12 @@ struct HttpServer::Impl {
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<ChatTemplate> tmpl;
   std::mutex tmpl_mu;
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Engine> engine;  // the server's skill (dory serve --skill)
+  // Other skills' engines, made the first time a request names one (SkillBackend).
+  EngineOptions eo;
+  HttpServer::SkillBackend skill_backend;
+  mutable std::mutex engines_mu;
+  std::map<std::string, std::unique_ptr<Engine>> skill_engines;
   ApiContext api;
   int64_t created = 0;
 
@@ -84,6 +89,8 @@ struct HttpServer::Impl {
   void routes();
   void generate(Endpoint ep, const httplib::Request& req, httplib::Response& res);
   std::string metrics() const;
+  EngineStats all_stats() const;
+  Engine& engine_for(const std::string& skill);
   json model_card() const;
 };
 
@@ -134,12 +141,17 @@ void HttpServer::start() {
 
 void HttpServer::ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokenizer> tok,
                        const std::string& chat_template, const EngineOptions& eo,
-                       const RequestDefaults& rd) {
+                       const RequestDefaults& rd, SkillBackend skills) {
   Impl& m = *impl_;
   m.model = backend->model_ptr();
   m.tok = std::move(tok);
   m.tmpl = std::make_unique<ChatTemplate>(chat_template);
   m.engine = std::make_unique<Engine>(std::move(backend), *m.tok, eo);
+  m.eo = eo;
+  m.skill_backend = std::move(skills);
+  if (const cmf::File* f = m.model->weights().cmf.get())
+    for (const cmf::Skill& k : f->skills()) m.api.skills.push_back(k.id);
+  m.api.skill_per_request = static_cast<bool>(m.skill_backend);
   m.api.tok = m.tok.get();
   m.api.tmpl = m.tmpl.get();
   m.api.tmpl_mu = &m.tmpl_mu;
@@ -160,6 +172,10 @@ void HttpServer::stop() {
   std::lock_guard<std::mutex> lk(m.stop_mu);
   m.stopping.store(true);
   if (m.engine) m.engine->shutdown();  // every waiting request sees its job end
+  {
+    std::lock_guard<std::mutex> lk(m.engines_mu);
+    for (auto& [id, e] : m.skill_engines) e->shutdown();
+  }
   if (m.listener.joinable()) {
     // stop() only acts on a running listener: wait until it runs (or gave up).
     while (!m.svr.is_running() && !m.listening_done.load())
@@ -170,7 +186,7 @@ void HttpServer::stop() {
 }
 
 EngineStats HttpServer::stats() const {
-  return impl_->engine ? impl_->engine->stats() : EngineStats{};
+  return impl_->engine ? impl_->all_stats() : EngineStats{};
 }
 
 json HttpServer::Impl::model_card() const {
@@ -275,7 +291,7 @@ void HttpServer::Impl::routes() {
   });
   svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (!ready.load(std::memory_order_acquire)) return send_json(res, 503, {{"status", "loading"}});
-    const EngineStats s = engine->stats();
+    const EngineStats s = all_stats();
     send_json(res, 200,
               {{"status", "ok"},
                {"slots_idle", s.slots - s.busy},
@@ -367,7 +383,7 @@ void HttpServer::Impl::generate(Endpoint ep, const httplib::Request& req, httpli
   ParsedRequest pr = parse_request(ep, req.body, api);
   std::shared_ptr<Job> job;
   try {
-    job = engine->submit(std::move(pr.job));
+    job = engine_for(pr.skill).submit(std::move(pr.job));
   } catch (const Error& e) {
     throw make_error(503, e.what(), "unavailable_error");
   }
@@ -447,8 +463,41 @@ void HttpServer::Impl::generate(Endpoint ep, const httplib::Request& req, httpli
       release);
 }
 
+// Every engine's counters added up (the server's skill and those requests asked for).
+EngineStats HttpServer::Impl::all_stats() const {
+  EngineStats s = engine->stats();
+  std::lock_guard<std::mutex> lk(engines_mu);
+  for (const auto& [id, e] : skill_engines) {
+    const EngineStats o = e->stats();
+    s.slots += o.slots, s.busy += o.busy, s.queued += o.queued;
+    s.kv_bytes += o.kv_bytes;
+    s.prompt_tokens += o.prompt_tokens, s.cached_tokens += o.cached_tokens;
+    s.generated_tokens += o.generated_tokens;
+    s.jobs_done += o.jobs_done, s.jobs_cancelled += o.jobs_cancelled;
+    s.steps += o.steps, s.rows += o.rows, s.decode_rows += o.decode_rows;
+    s.busy_seconds += o.busy_seconds;
+    s.prompt_tps += o.prompt_tps, s.gen_tps += o.gen_tps;
+  }
+  return s;
+}
+
+// The engine for a request's skill: the server's own, or one made for that skill now.
+Engine& HttpServer::Impl::engine_for(const std::string& skill) {
+  if (skill == api.skill) return *engine;
+  std::lock_guard<std::mutex> lk(engines_mu);
+  auto it = skill_engines.find(skill);
+  if (it == skill_engines.end()) {
+    if (stopping.load()) throw Error("the server is stopping");
+    std::shared_ptr<Backend> be = skill_backend(skill);
+    it = skill_engines.emplace(skill, std::make_unique<Engine>(std::move(be), *tok, eo)).first;
+    std::fprintf(stderr, "dory serve: skill '%s' loaded for the requests that name it\n",
+                 skill.empty() ? "none" : skill.c_str());
+  }
+  return *it->second;
+}
+
 std::string HttpServer::Impl::metrics() const {
-  const EngineStats s = engine->stats();
+  const EngineStats s = all_stats();
   std::ostringstream o;
   auto metric = [&](const char* name, const char* type, const char* help, double v) {
     o << "# HELP dory_" << name << ' ' << help << "\n# TYPE dory_" << name << ' ' << type

@@ -9,6 +9,7 @@
 // and the engine frees the slot before its next step.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,9 +54,15 @@ class HttpServer {
   int port() const;
   // Serves in a background thread (503 for everything until ready()).
   void start();
+  // A CMF model's skills for requests that name one ("skill": ID, or "none" for the base
+  // weights): the backend of the model loaded with that skill's tensors in place. Called the
+  // first time a request names a skill other than the server's; that skill then has its own
+  // engine (slots, KV caches, host threads) beside the first one.
+  using SkillBackend = std::function<std::shared_ptr<Backend>(const std::string& skill)>;
   // The model is loaded: starts the engine and serves requests.
   void ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokenizer> tok,
-             const std::string& chat_template, const EngineOptions& eo, const RequestDefaults& rd);
+             const std::string& chat_template, const EngineOptions& eo, const RequestDefaults& rd,
+             SkillBackend skills = {});
   // Ends every request, stops the engine and the listener; idempotent.
   void stop();
   EngineStats stats() const;
