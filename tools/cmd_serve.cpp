@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 #include "commands.h"
@@ -84,13 +85,39 @@ int run_serve(ServeOpts o) {
   // gets the model loaded with that skill's tensors (mapped views, nothing copied) and an
   // engine of its own the first time.
   server::HttpServer::SkillBackend skills;
+  server::HttpServer::SkillRouter router;
   if (const cmf::File* f = m.model->weights().cmf.get(); f && !f->skills().empty()) {
     const RunOpts run = o.run;
     skills = [run](const std::string& id) {
       return run.open(Model::load(run.model_path(), run.placement(), id, run.lora));
     };
+    bool routable = false;
+    for (const cmf::Skill& k : f->skills()) routable |= k.routable;
+    if (routable) {
+      // "skill": "auto": the routers' E of the prompt on the base weights (one backend of its
+      // own, made on the first such request; one prompt at a time), the smallest wins.
+      struct Router {
+        std::mutex mu;
+        Loaded base;
+      };
+      auto r = std::make_shared<Router>();
+      router = [run, r](const std::vector<int32_t>& prompt) {
+        std::lock_guard<std::mutex> lk(r->mu);
+        if (!r->base.model) {
+          r->base.model = Model::load(run.model_path(), run.placement(), "", run.lora);
+          r->base.backend = run.open(r->base.model);
+        }
+        const auto errs = skill_errors(run, r->base, prompt);
+        size_t best = 0;
+        for (size_t i = 1; i < errs.size(); ++i)
+          if (errs[i].second < errs[best].second) best = i;
+        std::fprintf(stderr, "dory serve: skill auto: '%s' (E %.4f)\n", errs[best].first.c_str(),
+                     errs[best].second);
+        return errs[best].first;
+      };
+    }
   }
-  http.ready(m.backend, std::move(m.tok), tmpl, eo, rd, std::move(skills));
+  http.ready(m.backend, std::move(m.tok), tmpl, eo, rd, std::move(skills), std::move(router));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr,
                "dory serve: ready in %.2f s: model '%s', %d slots x %lld positions, %s, "

@@ -323,20 +323,22 @@ ParsedRequest parse_request(Endpoint ep, const std::string& body_text, const Api
     if (!sk->is_string()) bad("skill", "'skill' must be a string");
     std::string want = sk->get<std::string>();
     if (want == "none") want.clear();
-    if (want == "auto")
-      bad("skill",
-          "'auto' per request is not supported yet: name the skill (dory skill route picks one "
-          "for a prompt)");
-    if (!want.empty() && std::find(ctx.skills.begin(), ctx.skills.end(), want) == ctx.skills.end()) {
-      std::string have;
-      for (const std::string& id : ctx.skills) have += (have.empty() ? "" : ", ") + id;
-      bad("skill", "this model has no skill '" + want + "' (" +
-                       (have.empty() ? std::string("it has none") : "it has: " + have) +
-                       "; or \"none\")");
+    if (want == "auto") {  // routed on the prompt by the server (HttpServer::SkillRouter)
+      if (!ctx.skill_auto)
+        bad("skill", "'auto': this model has no skill with a router (name the skill, or \"none\")");
+    } else {
+      if (!want.empty() &&
+          std::find(ctx.skills.begin(), ctx.skills.end(), want) == ctx.skills.end()) {
+        std::string have;
+        for (const std::string& id : ctx.skills) have += (have.empty() ? "" : ", ") + id;
+        bad("skill", "this model has no skill '" + want + "' (" +
+                         (have.empty() ? std::string("it has none") : "it has: " + have) +
+                         "; or \"none\")");
+      }
+      if (want != ctx.skill && !ctx.skill_per_request)
+        bad("skill", "this server runs skill '" +
+                         (ctx.skill.empty() ? std::string("none") : ctx.skill) + "' only");
     }
-    if (want != ctx.skill && !ctx.skill_per_request)
-      bad("skill", "this server runs skill '" + (ctx.skill.empty() ? std::string("none") : ctx.skill) +
-                       "' only");
     r.skill = want;
   }
 

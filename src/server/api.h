@@ -35,6 +35,7 @@ struct ApiContext {
   std::string skill;              // the CMF skill the server runs ("" = none)
   std::vector<std::string> skills;  // the model's skills a request may name ("skill": ID)
   bool skill_per_request = false;   // the server can run another skill than its own
+  bool skill_auto = false;          // and route a prompt to one ("skill": "auto")
   int adapters = 0;               // LoRA adapters loaded (dory serve --lora), ids 0..adapters-1
   SamplingParams sampling;        // the server's defaults (dory serve flags)
   int64_t max_tokens = -1;        // default when a request gives none

@@ -76,6 +76,7 @@ struct HttpServer::Impl {
   // Other skills' engines, made the first time a request names one (SkillBackend).
   EngineOptions eo;
   HttpServer::SkillBackend skill_backend;
+  HttpServer::SkillRouter skill_router;
   mutable std::mutex engines_mu;
   std::map<std::string, std::unique_ptr<Engine>> skill_engines;
   ApiContext api;
@@ -141,7 +142,7 @@ void HttpServer::start() {
 
 void HttpServer::ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokenizer> tok,
                        const std::string& chat_template, const EngineOptions& eo,
-                       const RequestDefaults& rd, SkillBackend skills) {
+                       const RequestDefaults& rd, SkillBackend skills, SkillRouter router) {
   Impl& m = *impl_;
   m.model = backend->model_ptr();
   m.tok = std::move(tok);
@@ -152,6 +153,8 @@ void HttpServer::ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokeniz
   if (const cmf::File* f = m.model->weights().cmf.get())
     for (const cmf::Skill& k : f->skills()) m.api.skills.push_back(k.id);
   m.api.skill_per_request = static_cast<bool>(m.skill_backend);
+  m.skill_router = std::move(router);
+  m.api.skill_auto = m.api.skill_per_request && static_cast<bool>(m.skill_router);
   m.api.tok = m.tok.get();
   m.api.tmpl = m.tmpl.get();
   m.api.tmpl_mu = &m.tmpl_mu;
@@ -381,6 +384,13 @@ void HttpServer::Impl::routes() {
 // the response is written as the engine produces it.
 void HttpServer::Impl::generate(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
   ParsedRequest pr = parse_request(ep, req.body, api);
+  if (pr.skill == "auto") {
+    try {
+      pr.skill = skill_router(pr.job.prompt);
+    } catch (const Error& e) {
+      throw make_error(500, std::string("routing the prompt to a skill: ") + e.what(), "server_error");
+    }
+  }
   std::shared_ptr<Job> job;
   try {
     job = engine_for(pr.skill).submit(std::move(pr.job));

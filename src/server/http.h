@@ -59,10 +59,13 @@ class HttpServer {
   // first time a request names a skill other than the server's; that skill then has its own
   // engine (slots, KV caches, host threads) beside the first one.
   using SkillBackend = std::function<std::shared_ptr<Backend>(const std::string& skill)>;
+  // "skill": "auto": the skill the file's routers pick for a prompt (CMF.md section 3, on the
+  // base weights); called from request threads, so it serialises itself.
+  using SkillRouter = std::function<std::string(const std::vector<int32_t>& prompt)>;
   // The model is loaded: starts the engine and serves requests.
   void ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokenizer> tok,
              const std::string& chat_template, const EngineOptions& eo, const RequestDefaults& rd,
-             SkillBackend skills = {});
+             SkillBackend skills = {}, SkillRouter router = {});
   // Ends every request, stops the engine and the listener; idempotent.
   void stop();
   EngineStats stats() const;

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """dory serve on a CMF model with a skill: a request's "skill" field runs it with that skill's
 tensors (an engine of that skill's, made the first time a request names it), so its answer is
-the answer of a server started with --skill of that id; "none" is the base weights; an unknown
-id, "auto" or a non-string is a 400 with one line."""
+the answer of a server started with --skill of that id; "none" is the base weights; "auto"
+routes the prompt with the file's routers (here to the one routable skill); an unknown id or a
+non-string is a 400 with one line."""
 import json
 import os
 import shutil
@@ -73,6 +74,8 @@ class SkillPerRequest(unittest.TestCase):
         self.assertEqual(self.answer(self.plain, skill="none"), base)
         self.assertEqual(self.answer(self.alt, skill="none"), base)
         self.assertEqual(self.answer(self.alt, skill="alt"), alt)
+        self.assertEqual(self.answer(self.plain, skill="auto"), alt)
+        self.assertIn("skill auto: 'alt'", self.plain.stderr())
         self.assertIn("skill 'alt' loaded", self.plain.stderr())
         # /health counts the slots of both engines once the second is there.
         status, _, data = request(self.plain.port, "GET", "/health")
@@ -80,8 +83,7 @@ class SkillPerRequest(unittest.TestCase):
         self.assertIn(b'"slots_idle":4', data.replace(b" ", b""))
 
     def test_bad_skills_are_one_line_errors(self):
-        for value, msg in (("nope", "has no skill 'nope' (it has: alt"), ("auto", "'auto' per request"),
-                           (7, "'skill' must be a string")):
+        for value, msg in (("nope", "has no skill 'nope' (it has: alt"), (7, "'skill' must be a string")):
             status, out = post_json(self.plain.port, "/v1/completions",
                                     {"prompt": [5, 6], "max_tokens": 2, "skill": value})
             self.assertEqual(status, 400, out)
