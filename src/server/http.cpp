@@ -206,7 +206,10 @@ json HttpServer::Impl::model_card() const {
         {"n_ctx", engine->ctx()},
         {"n_slots", engine->options().slots},
         {"loops", engine->options().session.loops ? engine->options().session.loops : c.n_loops},
-        {"kv", kv_mode_name(engine->options().session.kv.value_or(c.kv_mode))}}}};
+        {"kv", kv_mode_name(engine->options().session.kv.value_or(c.kv_mode))},
+        // A CMF file's skills, which a request may name ("skill"), and the server's own.
+        {"skills", api.skills},
+        {"skill", api.skill.empty() ? "none" : api.skill}}}};
 }
 
 void HttpServer::Impl::routes() {

@@ -82,6 +82,14 @@ class SkillPerRequest(unittest.TestCase):
         self.assertEqual(status, 200)
         self.assertIn(b'"slots_idle":4', data.replace(b" ", b""))
 
+    def test_models_lists_the_skills(self):
+        for srv, own in ((self.plain, "none"), (self.alt, "alt")):
+            status, _, data = request(srv.port, "GET", "/v1/models")
+            self.assertEqual(status, 200)
+            meta = json.loads(data)["data"][0]["meta"]
+            self.assertEqual(meta["skills"], ["alt"])
+            self.assertEqual(meta["skill"], own)
+
     def test_bad_skills_are_one_line_errors(self):
         for value, msg in (("nope", "has no skill 'nope' (it has: alt"), (7, "'skill' must be a string")):
             status, out = post_json(self.plain.port, "/v1/completions",
