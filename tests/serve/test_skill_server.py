@@ -10,13 +10,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serverlib import Server, make_model, post_json, request  # noqa: E402
+from serverlib import ROOT, Server, make_model, post_json, request  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DORY = os.environ.get("DORY_BIN", os.path.join(ROOT, "build", "dory"))
 PY = "/usr/bin/python3"
 
@@ -59,6 +59,15 @@ class SkillPerRequest(unittest.TestCase):
             assert rc == 0, (rc, s.stderr())
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
+    @staticmethod
+    def stderr_with(srv, text, timeout=10):
+        """The server's stderr once it holds `text` (a reader thread collects it, so a line
+        printed before a response may arrive here just after it), or as it is at the timeout."""
+        deadline = time.time() + timeout
+        while text not in srv.stderr() and time.time() < deadline:
+            time.sleep(0.02)
+        return srv.stderr()
+
     def answer(self, srv, **extra):
         body = {"prompt": [5, 6, 7, 8, 9], "max_tokens": 12, "temperature": 0, "ignore_eos": True}
         body.update(extra)
@@ -75,8 +84,8 @@ class SkillPerRequest(unittest.TestCase):
         self.assertEqual(self.answer(self.alt, skill="none"), base)
         self.assertEqual(self.answer(self.alt, skill="alt"), alt)
         self.assertEqual(self.answer(self.plain, skill="auto"), alt)
-        self.assertIn("skill auto: 'alt'", self.plain.stderr())
-        self.assertIn("skill 'alt' loaded", self.plain.stderr())
+        self.assertIn("skill auto: 'alt'", self.stderr_with(self.plain, "skill auto: 'alt'"))
+        self.assertIn("skill 'alt' loaded", self.stderr_with(self.plain, "skill 'alt' loaded"))
         # /health counts the slots of both engines once the second is there.
         status, _, data = request(self.plain.port, "GET", "/health")
         self.assertEqual(status, 200)

@@ -1287,21 +1287,13 @@ __global__ void k_swiglu_norm(float* g, const float* u, const float* sg, const f
   block_quant_row(g + o, n, qo, blockIdx.x);
 }
 
-__global__ void k_scale_cols(float* x, const float* s, int64_t total, int64_t V) {
+// out[i] = x[i] * s[i % n] (in place when out is x): the logit scale, a q8_2f input's columns.
+__global__ void k_scale_cols(const float* x, const float* s, int64_t total, int64_t n, float* out) {
   pdl_launch();
   pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    x[i] *= s[i % V];
-}
-
-__global__ void k_scale_input(const float* x, const float* col, int64_t total, int64_t cols,
-                              float* out) {
-  pdl_launch();
-  pdl_wait();
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = x[i] * col[i % cols];
+    out[i] = x[i] * s[i % n];
 }
 
 __global__ void k_gather_rows(const float* x, const int64_t* idx, int64_t n, int64_t total,
@@ -1579,7 +1571,7 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
   const int t = ws[0].dtype;
   const int64_t cols = ws[0].cols;
   const bool quant = t == kQ8_0 || t == kQ4_0 || t == kQ4_K || t == kQ5_K || t == kQ6_K;
-  const bool half = (t == kBF16 || t == kF16) && cols % 8 == 0;
+  const bool half = half_decode(ws[0]);
   int64_t rows_all = 0;
   for (int i = 0; i < n; ++i) rows_all += ws[i].rows;
   const int NT = quant || half ? (T == 1 ? 1 : T <= 4 ? 4 : 8) : kMaxT;
@@ -1807,21 +1799,17 @@ void swiglu_norm(float* g, const float* u, const float* sg, const float* su, int
   check_last("swiglu_norm");
 }
 
-void scale_cols(float* logits, const float* scale, int T, int64_t V) {
-  const int64_t total = static_cast<int64_t>(T) * V;
-  prof_mark("scale_cols");
+void scale_input(const float* x, const float* col, int T, int64_t cols, float* out) {
+  const int64_t total = static_cast<int64_t>(T) * cols;
+  prof_mark(x == out ? "scale_cols" : "scale_input");
   launch("scale_cols", k_scale_cols,
-         dim3(static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256))), dim3(256), 0,
-         logits, scale, total, V);
+         dim3(static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256))), dim3(256), 0, x,
+         col, total, cols, out);
   check_last("scale_cols");
 }
 
-void scale_input(const float* x, const float* col, int T, int64_t cols, float* out) {
-  const int64_t total = static_cast<int64_t>(T) * cols;
-  prof_mark("scale_input");
-  launch("scale_input", k_scale_input,
-         dim3(static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256))), dim3(256), 0, x,
-         col, total, cols, out);
+void scale_cols(float* logits, const float* scale, int T, int64_t V) {
+  scale_input(logits, scale, T, V, logits);
 }
 
 void gather_rows(const float* x, const int64_t* idx, int n_rows, int64_t n, float* y) {
