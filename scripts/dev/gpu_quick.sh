@@ -32,4 +32,7 @@ B -m /tmp/dory4b -p 0 -n 64 -r 2 --loops 1
 B -m /tmp/dory4b -p 0 -n 64 -r 2 --loops 4
 build/dory quantize /tmp/dory4b /tmp/dory4b-q8_0.gguf --type q8_0 -q
 B -m /tmp/dory4b-q8_0.gguf -p 0 -n 64 -r 2
+stamp "a/b: fusions off, flash off"
+DORY_CUDA_FUSE=0 B -m /tmp/dory4b -p 0 -n 64 -r 2
+DORY_CUDA_FLASH=0 B -m /tmp/dory4b -p 4096 -n 0 -r 1
 stamp done
