@@ -24,8 +24,7 @@ std::string block_summary(const DoryConfig& c, int64_t b, int64_t e) {
   return buf;
 }
 
-// A CMF file (cortiq's container): its sections, tensor dtypes and skills. dory.cpp reads and
-// verifies CMF files; running a model from one is not there yet.
+// A CMF file (cortiq's container): its sections, tensor dtypes (and what each runs as) and skills.
 int run_cmf_info(const std::string& path, const std::string& dump, const std::string& out) {
   auto f = cmf::File::open(path);
   if (!dump.empty()) {
@@ -49,8 +48,18 @@ int run_cmf_info(const std::string& path, const std::string& dump, const std::st
     auto& m = mix[cmf::dtype_name(t.dtype)];
     m.first += 1, m.second += t.nbytes;
   }
+  // What the loader makes of each (model/weights.cpp, load_cmf_weights).
+  auto runs_as = [](const std::string& n) -> const char* {
+    if (n == "f32" || n == "f16" || n == "bf16") return "read in place";
+    if (n == "q8_2f") return "runs as Q8_0 blocks, column scales on the input";
+    if (n == "q8_row") return "runs as Q8_0 blocks";
+    if (n == "q4_block" || n == "q4_tiled") return "runs as Q4_0 blocks";
+    if (n == "q4tp" || n == "q2tp") return "runs as Q4_0 blocks (ladder rungs to f16)";
+    return "decoded to F32 at load";
+  };
   for (const auto& [name, m] : mix)
-    std::printf("dtype          %-9s %5lld tensors, %s\n", name.c_str(), (long long)m.first, human_bytes(m.second).c_str());
+    std::printf("dtype          %-9s %5lld tensors, %s: %s\n", name.c_str(), (long long)m.first,
+                human_bytes(m.second).c_str(), runs_as(name));
   for (const cmf::Skill& k : f->skills()) {
     std::string layers;
     for (int64_t l : k.layers) layers += (layers.empty() ? "" : ",") + std::to_string(l);
@@ -59,7 +68,7 @@ int run_cmf_info(const std::string& path, const std::string& dump, const std::st
   }
   std::printf("tokenizer      %s\n", f->vocab().empty() ? "none" : ("tokenizer.json, " + human_bytes(f->vocab().size())).c_str());
   std::printf("run            -m %s (Dory's config from the header's arch, with a config.json beside the file "
-              "if there is one; CMF quantized types decoded to F32 at load)\n",
+              "if there is one)\n",
               path.c_str());
   return 0;
 }

@@ -511,6 +511,59 @@ std::vector<std::string> shard_paths(const std::string& path) {
   return out;
 }
 
+int group_row(const Tensor& t, int64_t r, int8_t* q, float* scale) {
+  if (t.shape.size() != 2 || t.shape[1] % 32 != 0 || r < 0 || r >= t.shape[0]) return 0;
+  const int64_t rows = t.shape[0], cols = t.shape[1], gpr = cols / 32;
+  const uint8_t* p = t.data;
+  switch (t.dtype) {
+    case kQ8Row: {
+      const float s = f16(p + rows * cols + 2 * r);
+      for (int64_t c = 0; c < cols; ++c) q[c] = static_cast<int8_t>(p[r * cols + c]);
+      for (int64_t g = 0; g < gpr; ++g) scale[g] = s;
+      return 8;
+    }
+    case kQ4Block:
+    case kQ4Tiled: {
+      // Groups run over the flattened tensor; with cols % 32 == 0 none crosses a row.
+      const int64_t ng = rows * gpr;
+      for (int64_t g = 0; g < gpr; ++g) {
+        const int64_t G = r * gpr + g;
+        const uint8_t* nib = t.dtype == kQ4Block ? p + 16 * G : p + 18 * G + 2;
+        scale[g] = f16(t.dtype == kQ4Block ? p + 16 * ng + 2 * G : p + 18 * G);
+        for (int k = 0; k < 32; ++k)
+          q[32 * g + k] = static_cast<int8_t>((k % 2 ? nib[k / 2] >> 4 : nib[k / 2] & 15) - 8);
+      }
+      return 4;
+    }
+    case kQ4tp:
+    case kQ2tp: {
+      const int64_t stride = (5 * gpr + 7) / 8;
+      const int64_t gbytes = t.dtype == kQ4tp ? 16 : 8;
+      const uint8_t* params = p + rows * gpr * gbytes;
+      const uint8_t* codes = params + 4 * rows + r * stride;
+      float lad[32];
+      ladder(f16(params + 4 * r), f16(params + 4 * r + 2), lad);
+      for (int64_t g = 0; g < gpr; ++g) {
+        const int code = code5(codes, g);
+        const uint8_t* w = p + (r * gpr + g) * gbytes;
+        for (int k = 0; k < 32; ++k) {
+          if (t.dtype == kQ4tp) {
+            q[32 * g + k] = static_cast<int8_t>((k % 2 ? w[k / 2] >> 4 : w[k / 2] & 15) - 8);
+          } else {
+            // (c - 1.5) * t = (2c - 3) * (t / 2): the halving is exact in f32.
+            q[32 * g + k] = static_cast<int8_t>(2 * ((w[k / 4] >> (2 * (k % 4))) & 3) - 3);
+          }
+        }
+        if (t.dtype == kQ4tp) scale[g] = lad[code];
+        else scale[g] = code == 0 ? 0.0f : lad[code - 1] * 0.5f;
+      }
+      return 4;
+    }
+    default:
+      return 0;
+  }
+}
+
 void dequantize(const Tensor& t, float* out) {
   const int64_t n = t.numel();
   const uint8_t* p = t.data;

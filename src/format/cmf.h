@@ -90,6 +90,14 @@ struct Skill {
   std::string base_dir_hash;
 };
 
+// Row r of a 2-D tensor whose dtype stores each 32-column group as small integers times one
+// scale: w[r, 32g + k] = q[32g + k] * scale[g] exactly (q8_row, q4_block and q4_tiled with
+// cols % 32 == 0, q4tp, q2tp; q2tp's codes as the odd integers -3..3 with half its rung).
+// Writes cols integers and cols / 32 scales; returns the integers' width (4: all in -8..7,
+// 8: int8), or 0 for any other dtype or shape (nothing written). The kernels run such rows as
+// ggml's Q4_0 / Q8_0 blocks (model/weights.cpp).
+int group_row(const Tensor& t, int64_t r, int8_t* q, float* scale);
+
 // E of a prompt's phi under a skill's router (see Selection).
 double skill_error(const Selection& s, const std::vector<float>& phi);
 

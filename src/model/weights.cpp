@@ -290,6 +290,52 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file) {
   return w;
 }
 
+namespace {
+
+// A CMF group dtype (cmf::group_row: integers times one scale per 32 columns) as ggml blocks,
+// so it runs on the Q4_0 / Q8_0 kernels (SIMD on the CPU, the GPU's) instead of as F32: Q4_0
+// when every integer fits a nibble (q4_block, q4_tiled, q4tp, q2tp: 18 bytes a group), else
+// Q8_0 (q8_row: 34). Each group's scale becomes the block's f16 d: exact for q8_row, q4_block
+// and q4_tiled (their scales are f16 already); q4tp's and q2tp's ladder rungs are f32, so d
+// holds them to f16's rounding, at most 2^-11 of the scale (the products already round their
+// input to int8, 2^-8). A rung outside f16's normal range would round coarser: then false,
+// and the tensor is decoded to F32 instead (nothing appended). False too for other dtypes.
+bool repack_groups(const cmf::Tensor& t, std::vector<std::vector<uint8_t>>& store, DType& type) {
+  if (t.shape.size() != 2 || t.shape[1] % 32 != 0 || t.shape[0] == 0) return false;
+  const int64_t rows = t.shape[0], cols = t.shape[1], nb = cols / 32;
+  std::vector<int8_t> q(static_cast<size_t>(cols));
+  std::vector<float> sc(static_cast<size_t>(nb));
+  const int width = cmf::group_row(t, 0, q.data(), sc.data());
+  if (width == 0) return false;
+  type = width == 4 ? DType::Q4_0 : DType::Q8_0;
+  const int64_t bb = width == 4 ? 18 : 34;
+  std::vector<uint8_t> out(static_cast<size_t>(rows * nb * bb));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r > 0) cmf::group_row(t, r, q.data(), sc.data());
+    for (int64_t g = 0; g < nb; ++g) {
+      const uint16_t d = f32_to_f16(sc[g]);
+      const float back = f16_to_f32(d), s = sc[g];
+      if (!std::isfinite(s) || std::fabs(back - s) > std::ldexp(std::fabs(s), -11) ||
+          (s != 0 && std::fabs(s) < std::ldexp(1.0f, -14)))
+        return false;
+      uint8_t* blk = out.data() + (r * nb + g) * bb;
+      blk[0] = static_cast<uint8_t>(d & 0xff), blk[1] = static_cast<uint8_t>(d >> 8);
+      const int8_t* qq = q.data() + 32 * g;
+      if (width == 4) {
+        // ggml's Q4_0: byte j holds element j (low nibble) and element j + 16 (high).
+        for (int j = 0; j < 16; ++j)
+          blk[2 + j] = static_cast<uint8_t>((qq[j] + 8) | (qq[j + 16] + 8) << 4);
+      } else {
+        std::memcpy(blk + 2, qq, 32);
+      }
+    }
+  }
+  store.push_back(std::move(out));
+  return true;
+}
+
+}  // namespace
+
 std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::string& skill) {
   using nlohmann::json;
   auto w = std::make_unique<Weights>();
@@ -448,6 +494,9 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
       v.dtype = DType::Q8_0;
       v.data = q.data();
       col_scales[name] = col.data();
+    } else if (DType bt; repack_groups(*t, w->repacked, bt)) {
+      v.dtype = bt;
+      v.data = w->repacked.back().data();
     } else {
       w->decoded.emplace_back(static_cast<size_t>(t->numel()));
       cmf::dequantize(*t, w->decoded.back().data());

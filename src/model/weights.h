@@ -78,8 +78,10 @@ std::unique_ptr<Weights> load_gguf_weights(std::unique_ptr<gguf::File> file);
 // A CMF file (cortiq's container, docs/cmf.md): tensors under the Hugging Face names; the
 // config from the header's "arch" object with Dory's keys (under config.json's names) and a
 // config.json beside the file, which must agree where both say something. f32/f16/bf16 are
-// used in place; the other CMF dtypes are decoded to F32 at load (4 bytes a weight: their
-// kernels are open work). Skill tensors (skill.ID.NAME) are left to the skills.
+// used in place; q8_2f, q8_row, q4_block, q4_tiled, q4tp and q2tp become ggml Q8_0 / Q4_0
+// blocks at load (weights.cpp, repack_groups: their scales to f16) and run on those kernels;
+// vbit and the others the kernels cannot take are decoded to F32. Skill tensors
+// (skill.ID.NAME) are left to the skills.
 // skill: "" / "none", or the id of a skill in the file's header whose tensors (skill.ID.NAME)
 // replace the backbone's NAME, read in place as the backbone's are.
 std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::string& skill = "");

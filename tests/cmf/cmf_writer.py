@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-F32, F16, BF16, Q8_ROW, Q4_BLOCK, Q8_2F, Q4_TILED, Q4TP = 0, 1, 2, 3, 4, 9, 11, 15
+F32, F16, BF16, Q8_ROW, Q4_BLOCK, Q8_2F, Q4_TILED, Q4TP, Q2TP = 0, 1, 2, 3, 4, 9, 11, 15, 16
 M64 = (1 << 64) - 1
 
 
@@ -71,6 +71,117 @@ def dec_q4_block(b, n):
     nib[:, 0::2] = packed & 15
     nib[:, 1::2] = packed >> 4
     return ((nib - 8) * sc[:, None]).ravel()[:n]
+
+
+def enc_q8_row(w):
+    """q8_row: int8 q[rows*cols], then f16 scale[rows] = absmax / 127."""
+    w = np.asarray(w, np.float32)
+    sc = (np.abs(w).max(1) / 127).astype(np.float16)
+    sc[sc == 0] = np.float16(1)
+    q = np.clip(np.rint(w / sc.astype(np.float32)[:, None]), -127, 127).astype(np.int8)
+    return q.tobytes() + sc.tobytes()
+
+
+def dec_q8_row(b, rows, cols):
+    q = np.frombuffer(b, np.int8, rows * cols).reshape(rows, cols).astype(np.float32)
+    return q * np.frombuffer(b, np.float16, rows, rows * cols).astype(np.float32)[:, None]
+
+
+def enc_q4_tiled(w):
+    """q4_tiled: q4_block's values and nibble order as 18-byte tiles [f16 scale][16 B]."""
+    b = enc_q4_block(w)
+    ng = (np.asarray(w).size + 31) // 32
+    packed = np.frombuffer(b, np.uint8, 16 * ng).reshape(ng, 16)
+    sc = np.frombuffer(b, np.uint8, 2 * ng, 16 * ng).reshape(ng, 2)
+    return np.concatenate([sc, packed], 1).tobytes()
+
+
+def dec_q4_tiled(b, rows, cols):
+    t = np.frombuffer(b, np.uint8).reshape(-1, 18)
+    return dec_q4_block(t[:, 2:].tobytes() + t[:, :2].tobytes(), rows * cols).reshape(rows, cols)
+
+
+def ladder(lo, step):
+    """A q4tp / q2tp row's rungs: t[0] = 2^lo, t[c] = t[c-1] * 2^step, in float32, in turn."""
+    t = np.empty(32, np.float32)
+    t[0] = np.exp2(np.float32(lo))
+    m = np.exp2(np.float32(step))
+    for c in range(1, 32):
+        t[c] = np.float32(t[c - 1] * m)
+    return t
+
+
+def ladders(lo, step):
+    """ladder() for many rows at once (the same float32 products, in the same order)."""
+    t = np.empty((len(lo), 32), np.float32)
+    t[:, 0] = np.exp2(lo.astype(np.float32))
+    m = np.exp2(step.astype(np.float32))
+    for c in range(1, 32):
+        t[:, c] = t[:, c - 1] * m
+    return t
+
+
+def enc_tp(w, bits):
+    """q4tp (bits 4) / q2tp (bits 2): per row a ladder (f16 lo, f16 step) spanning the groups'
+    scales, each group's 5-bit code the rung nearest its scale; nibbles (element 2k the low
+    nibble of byte k), or 2-bit codes (4 a byte, LSB first) with w = (c - 1.5) t[code - 1] and
+    code 0 an all-zero group. Planes: weights, (lo, step) per row, codes per row."""
+    w = np.asarray(w, np.float32)
+    rows, cols = w.shape
+    gpr = cols // 32
+    stride = (5 * gpr + 7) // 8
+    g = w.reshape(rows, gpr, 32)
+    want = np.abs(g).max(2) / (7.0 if bits == 4 else 1.5)
+    pos = np.where(want > 0, want, np.inf)
+    lo = np.log2(pos.min(1))
+    lo = np.where(np.isfinite(lo), lo, -10).astype(np.float16)
+    hi = np.log2(np.where(want > 0, want, 0).max(1).clip(1e-30))
+    span = 31 if bits == 4 else 30
+    step = np.maximum((hi - lo.astype(np.float32)) / span, 1e-3).astype(np.float16)
+    t = ladders(lo, step)
+    rungs = t if bits == 4 else t[:, :31]
+    lw = np.log2(np.maximum(want, 1e-30))
+    c = np.abs(np.log2(rungs)[:, None, :] - lw[:, :, None]).argmin(2)  # [rows, gpr]
+    s = np.take_along_axis(rungs, c, 1)[:, :, None]
+    if bits == 4:
+        code = c
+        q = (np.clip(np.rint(g / s), -8, 7) + 8).astype(np.uint8)
+        plane = q[:, :, 0::2] | (q[:, :, 1::2] << 4)
+    else:
+        zero = want == 0
+        code = np.where(zero, 0, c + 1)
+        q = np.clip(np.rint(g / s + 1.5), 0, 3).astype(np.uint8)
+        q[zero] = 0
+        plane = q[:, :, 0::4] | (q[:, :, 1::4] << 2) | (q[:, :, 2::4] << 4) | (q[:, :, 3::4] << 6)
+    # 5-bit codes, LSB first: bit 5k + j of the row's slice is bit j of code k
+    bitsarr = ((code[:, :, None] >> np.arange(5)) & 1).astype(np.uint8).reshape(rows, 5 * gpr)
+    bitsarr = np.concatenate([bitsarr, np.zeros((rows, 8 * stride - 5 * gpr), np.uint8)], 1)
+    codes = np.packbits(bitsarr, axis=1, bitorder="little")
+    params = np.stack([lo, step], 1).astype(np.float16)
+    return plane.astype(np.uint8).tobytes() + params.tobytes() + codes.tobytes()
+
+
+def dec_tp(b, rows, cols, bits):
+    gpr = cols // 32
+    stride = (5 * gpr + 7) // 8
+    gb = 16 if bits == 4 else 8
+    params = np.frombuffer(b, np.float16, 2 * rows, rows * gpr * gb).reshape(rows, 2)
+    out = np.empty((rows, cols), np.float32)
+    for r in range(rows):
+        t = ladder(params[r, 0], params[r, 1])
+        cbase = rows * gpr * gb + 4 * rows + r * stride
+        cw = int.from_bytes(b[cbase:cbase + stride], "little")
+        for k in range(gpr):
+            code = (cw >> (5 * k)) & 31
+            raw = np.frombuffer(b, np.uint8, gb, (r * gpr + k) * gb)
+            if bits == 4:
+                q = np.empty(32, np.float32)
+                q[0::2], q[1::2] = raw & 15, raw >> 4
+                out[r, 32 * k:32 * k + 32] = (q - 8) * t[code]
+            else:
+                q = np.stack([(raw >> s) & 3 for s in (0, 2, 4, 6)], 1).ravel().astype(np.float32)
+                out[r, 32 * k:32 * k + 32] = 0 if code == 0 else (q - 1.5) * t[code - 1]
+    return out
 
 
 def write(path, tensors, arch=None, vocab=b"", quant_type="Q8_2F", extra_header=None, features=1):

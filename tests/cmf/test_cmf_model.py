@@ -352,10 +352,6 @@ class CmfModel(unittest.TestCase):
         self.assertEqual(len(r.stderr.strip().splitlines()), 1)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class ConvertRoundTrips(unittest.TestCase):
     """dory convert to CMF and back: HF -> CMF (bf16) keeps the logits bit for bit and runs with
     the file's own tokenizer; CMF -> GGUF Q8_0 equals HF -> GGUF Q8_0; a q8_2f file written by
@@ -462,3 +458,86 @@ class FromGguf(unittest.TestCase):
             self.assertLess(np.abs(lg[0] - lg[1]).max(), 0.2)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+class GroupDtypes(unittest.TestCase):
+    """cortiq's group dtypes (q4tp, q2tp, q4_tiled, q4_block, q8_row), written by the numpy
+    writer into the built-in model, run on the Q4_0 / Q8_0 kernels (the loader repacks them;
+    q4tp's and q2tp's f32 ladder rungs become f16 block scales): logits close to an F32
+    checkpoint of numpy's exact decoding of the same bytes, and `dory info` says so."""
+
+    def test_group_dtypes_run_as_their_decoding(self):
+        tmp = tempfile.mkdtemp(prefix="dory_cmfq_")
+        try:
+            mini = os.path.join(ROOT, "models", "dory-mini")
+            with open(os.path.join(mini, "config.json")) as f:
+                cfg = json.load(f)
+            arch = {"arch_name": "dory", "hidden_size": cfg["hidden_size"],
+                    "intermediate_size": cfg["intermediate_size"], "num_layers": cfg["num_hidden_layers"],
+                    "num_attention_heads": cfg["num_attention_heads"], "num_kv_heads": cfg["num_key_value_heads"],
+                    "head_dim": cfg["attention_head_dim"], "vocab_size": cfg["vocab_size"]}
+            tensors = read_safetensors(os.path.join(mini, "model.safetensors"))
+            kinds = [(W.Q4TP, lambda w: W.enc_tp(w, 4), lambda b, r, c: W.dec_tp(b, r, c, 4)),
+                     (W.Q4_TILED, W.enc_q4_tiled, W.dec_q4_tiled),
+                     (W.Q8_ROW, W.enc_q8_row, W.dec_q8_row),
+                     (W.Q4_BLOCK, W.enc_q4_block, lambda b, r, c: W.dec_q4_block(b, r * c).reshape(r, c))]
+            entries, decoded, used = [], {}, set()
+            mats = [n for n, (_, shape, _) in sorted(tensors.items()) if len(shape) == 2 and "embeddings" not in n]
+            for name, (dt, shape, raw) in sorted(tensors.items()):
+                w = ST.to_f32(dt, shape, raw).reshape(shape)
+                if name in mats:
+                    k = mats.index(name)
+                    # one matrix as q2tp (2 bits: a rough model, but its own decoding is exact)
+                    if k == 3:
+                        code, enc, dec = W.Q2TP, (lambda w: W.enc_tp(w, 2)), (lambda b, r, c: W.dec_tp(b, r, c, 2))
+                    else:
+                        code, enc, dec = kinds[k % len(kinds)]
+                    payload = enc(w)
+                    entries.append((name, code, tuple(shape), payload))
+                    decoded[name] = dec(payload, *shape)
+                    used.add(code)
+                else:
+                    entries.append((name, W.F32, tuple(shape), w.astype(np.float32).tobytes()))
+                    decoded[name] = w
+            self.assertEqual(used, {W.Q4TP, W.Q2TP, W.Q4_TILED, W.Q8_ROW, W.Q4_BLOCK})
+            d = os.path.join(tmp, "cmf")
+            os.makedirs(d)
+            shutil.copy(os.path.join(mini, "config.json"), d)
+            path = os.path.join(d, "model.cmf")
+            W.write(path, entries, arch=arch, quant_type="Q4TP")
+            ref = os.path.join(tmp, "f32")
+            os.makedirs(ref)
+            shutil.copy(os.path.join(mini, "config.json"), ref)
+            write_safetensors(os.path.join(ref, "model.safetensors"), decoded)
+
+            def run(*args):
+                r = subprocess.run([DORY, *args], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, (args, r.stderr))
+                return r
+
+            # the loader's reading of each dtype is numpy's (the ladder in f32, in turn)
+            for name, code, shape, payload in entries:
+                if code in (W.Q4TP, W.Q2TP):
+                    out = os.path.join(tmp, "t.npy")
+                    run("info", "-m", path, "--dump", name, "-o", out)
+                    np.testing.assert_allclose(np.load(out).reshape(shape), decoded[name], rtol=1e-6, atol=1e-9,
+                                               err_msg=name)
+            info = run("info", "-m", path).stdout
+            self.assertRegex(info, r"q4tp .*runs as Q4_0 blocks")
+            self.assertRegex(info, r"q8_row .*runs as Q8_0 blocks")
+            ids = "1,50,300,2000,17,99,1000,5,4095,7,8,900"
+            got, exact = os.path.join(tmp, "g.npy"), os.path.join(tmp, "e.npy")
+            run("logits", "-m", path, "--ids", ids, "-o", got, "-t", "2")
+            run("logits", "-m", ref, "--ids", ids, "-o", exact, "-t", "2")
+            got, exact = np.load(got), np.load(exact)
+            # The blocks' int8 inputs and the rungs' f16 rounding (<= 2^-11 of a scale) against
+            # float products of the same weights: the bound q8_2f meets on this model (0.2).
+            self.assertTrue((got.argmax(1) == exact.argmax(1)).all())
+            self.assertLess(np.abs(got - exact).max(), 0.2)
+            print("group dtypes: max |logit - exact| %.4f" % np.abs(got - exact).max(), file=sys.stderr)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
