@@ -1,34 +1,89 @@
 #!/usr/bin/env python3
-"""GPU against CPU on the built-in model, for diagnosing differences: KL and top-1 of
-dory logits under both devices, with and without bf16-rounded inputs, at chunk 64 (CPU
-batches on vdpbf16ps) and chunk 1 (CPU single rows on float kernels); and the greedy text.
-    python3 scripts/dev/gpu_diag.py   (on the GPU machine, from the repo root)"""
-import json, subprocess, os, sys
+"""One device call that tells which new CUDA kernel is wrong: logits of the same ids with
+tensor cores + flash attention (default), tensor-core products only (DORY_CUDA_FLASH=0) and
+CUDA cores only (DORY_CUDA_TC=0), each against the CPU, on checkpoints of head dimension 16
+to 256; the K-type decode kernels on the built-in model (top-1 agreement, KL against the CPU)
+and on a 256-wide random checkpoint (against the CPU's own kernel-set spread).
+    DORY_BIN=build/dory python3 scripts/dev/gpu_diag.py > $OUT/diag.txt"""
+import os
+import subprocess
+import sys
+import tempfile
+
 import numpy as np
-D = "build/dory"; M = "models/dory-mini"
-text = open("/usr/share/common-licenses/GPL-3").read()
-ids = json.loads(subprocess.run([D, "tokenize", "-m", M, "--jsonl", "-"], input=json.dumps(text) + "\n",
-                                capture_output=True, text=True).stdout)[:512]
-def lg(dev, env, *fl):
-    e = dict(os.environ); e.update(env)
-    r = subprocess.run([D, "logits", "-m", M, "--ids", ",".join(map(str, ids)), "-o", "/tmp/x.npy", "--device", dev, *fl],
-                       env=e, capture_output=True, text=True)
-    if r.returncode: print(r.stderr); sys.exit(1)
-    return np.load("/tmp/x.npy").astype(np.float64)
-def cmp(a, b, name):
-    la = a - a.max(1, keepdims=True); la -= np.log(np.exp(la).sum(1, keepdims=True))
-    lb = b - b.max(1, keepdims=True); lb -= np.log(np.exp(lb).sum(1, keepdims=True))
-    kl = (np.exp(la) * (la - lb)).sum(1).mean(); t = (a.argmax(1) == b.argmax(1)).mean()
-    print("%-40s top1 %.4f KL %.2e maxdiff %.2e" % (name, t, kl, np.abs(a - b).max()), flush=True)
-F = {"DORY_BF16_INPUT": "float"}
-cmp(lg("cuda", F), lg("cpu", F), "float, chunk 64: gpu vs cpu")
-cmp(lg("cuda", {}), lg("cpu", {}), "default, chunk 64: gpu vs cpu")
-cmp(lg("cuda", {}, "--chunk", "1"), lg("cpu", {}, "--chunk", "1"), "default, chunk 1: gpu vs cpu")
-for env, name in ((F, "float"), ({}, "default")):
-    outs = []
-    for dev in ("cuda", "cpu"):
-        e = dict(os.environ); e.update(env)
-        outs.append(subprocess.run([D, "run", "-p", "The king said", "-n", "64", "--temp", "0", "--ignore-eos",
-                                    "--device", dev], env=e, capture_output=True, text=True).stdout)
-    same = next((i for i in range(min(map(len, outs))) if outs[0][i] != outs[1][i]), None)
-    print("greedy 64, %s: %s" % (name, "same" if outs[0] == outs[1] else "differ at char %s" % same))
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DORY = os.environ.get("DORY_BIN", os.path.join(ROOT, "build", "dory"))
+TMP = tempfile.mkdtemp(prefix="diag_")
+BF = {"DORY_BF16_INPUT": "bf16"}
+FLOAT = {"DORY_BF16_INPUT": "float"}
+
+
+def ckpt(name, *sets, seed=0):
+    out = os.path.join(TMP, name)
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "make_checkpoint.py"), "--out", out, "--preset", "tiny",
+           "--seed", str(seed), "--quiet"]
+    for s in sets:
+        cmd += ["--set", s]
+    subprocess.run(cmd, check=True)
+    return out
+
+
+def logits(model, ids, device, *flags, env=None):
+    out = os.path.join(TMP, "l.npy")
+    e = dict(os.environ)
+    e.update(env or {})
+    r = subprocess.run([DORY, "logits", "-m", model, "--ids", ",".join(map(str, ids)), "-o", out, "--device", device,
+                        *flags], capture_output=True, text=True, env=e)
+    if r.returncode:
+        return None, r.stderr.strip()[-300:]
+    return np.load(out), ""
+
+
+def show(label, a, b):
+    if a is None or b is None:
+        print("  %-60s FAILED" % label, flush=True)
+        return
+    d = np.abs(a - b)
+    print("  %-60s max|d| %.3e  rel %.3e  top-1 %.3f" % (label, d.max(), np.linalg.norm(a - b) / np.linalg.norm(b),
+                                                       (a.argmax(-1) == b.argmax(-1)).mean()), flush=True)
+
+
+def tc_matrix(model, n, chunk, vocab):
+    ids = np.random.default_rng(1).integers(0, vocab, n).tolist()
+    c, _ = logits(model, ids, "cpu", "--chunk", chunk, env=BF)
+    for label, env in (("tc+flash", {}), ("tc only (FLASH=0)", {"DORY_CUDA_FLASH": "0"}),
+                       ("cuda cores (TC=0)", {"DORY_CUDA_TC": "0"})):
+        g, err = logits(model, ids, "cuda", "--chunk", chunk, env=dict(BF, **env))
+        if err:
+            print("   ", err)
+        show("%s chunk %s n %d: %s" % (os.path.basename(model), chunk, n, label), g, c)
+
+
+print("== tensor cores: which kernel", flush=True)
+for hd, extra in ((16, []), (32, []), (64, ["hidden_size=256", "intermediate_size=512"]),
+                  (128, ["hidden_size=256", "intermediate_size=512"]), (256, ["hidden_size=256", "intermediate_size=512"])):
+    m = ckpt("hd%d" % hd, "attention_head_dim=%d" % hd, *extra)
+    for chunk in ("16", "64"):
+        tc_matrix(m, 70, chunk, 256)
+# full attention only (no window) at hd 64 and 256: the window's part told apart
+for hd in (64, 256):
+    m = ckpt("full%d" % hd, "attention_head_dim=%d" % hd, "hidden_size=256", "intermediate_size=512",
+             "swa_window_size=4096")
+    tc_matrix(m, 70, "64", 256)
+if os.path.isdir("/tmp/dory4b"):
+    tc_matrix("/tmp/dory4b", 100, "512", 100000)
+
+print("== K types", flush=True)
+mini = os.path.join(ROOT, "models", "dory-mini")
+ids = np.random.default_rng(3).integers(0, 4096, 300).tolist()
+for t in ("q4_k_m", "q5_k_m", "q6_k", "q8_0", "q4_0"):
+    out = os.path.join(TMP, "mini-%s.gguf" % t)
+    subprocess.run([DORY, "quantize", mini, out, "--type", t, "-q"], check=True, capture_output=True)
+    for chunk in ("1", "7", "512"):
+        g, _ = logits(out, ids[:100] if chunk == "1" else ids, "cuda", "--chunk", chunk, env=FLOAT)
+        c, _ = logits(out, ids[:100] if chunk == "1" else ids, "cpu", "--chunk", chunk, env=dict(FLOAT, DORY_ISA="scalar"))
+        show("mini %s chunk %s gpu vs cpu scalar" % (t, chunk), g, c)
+    c2, _ = logits(out, ids, "cpu", "--chunk", "512", env=FLOAT)
+    c3, _ = logits(out, ids, "cpu", "--chunk", "512", env=dict(FLOAT, DORY_ISA="scalar"))
+    show("mini %s chunk 512 cpu default vs cpu scalar (spread)" % t, c2, c3)
