@@ -73,6 +73,37 @@ for hd in (64, 256):
     tc_matrix(m, 70, "64", 256)
 if os.path.isdir("/tmp/dory4b"):
     tc_matrix("/tmp/dory4b", 100, "512", 100000)
+    # the CPU's own spread on this random model: its avx512 and avx2 sets, bf16 inputs both
+    ids4 = np.random.default_rng(1).integers(0, 100000, 100).tolist()
+    a, _ = logits("/tmp/dory4b", ids4, "cpu", env=BF)
+    b, _ = logits("/tmp/dory4b", ids4, "cpu", env=dict(BF, DORY_ISA="avx2"))
+    show("dory4b cpu avx512 vs cpu avx2 (the random model's own spread)", a, b)
+
+
+def kl_top1(g, c):
+    g, c = g.astype(np.float64), c.astype(np.float64)
+    lp = c - c.max(1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(1, keepdims=True))
+    lq = g - g.max(1, keepdims=True)
+    lq -= np.log(np.exp(lq).sum(1, keepdims=True))
+    return (g.argmax(1) == c.argmax(1)).mean(), (np.exp(lp) * (lp - lq)).sum(1).mean()
+
+
+print("== built-in BF16, default inputs, 2 windows of 1024: gpu vs cpu", flush=True)
+mini = os.path.join(ROOT, "models", "dory-mini")
+text = open("/usr/share/common-licenses/GPL-3" if os.path.exists("/usr/share/common-licenses/GPL-3")
+            else os.path.join(ROOT, "README.md")).read()
+r = subprocess.run([DORY, "tokenize", "-m", mini, "--jsonl", "-"], input=__import__("json").dumps(text) + "\n",
+                   capture_output=True, text=True, check=True)
+held = [int(x) for x in r.stdout.strip()[1:-1].split(",")][:2048]
+cpus = [logits(mini, held[w * 1024:(w + 1) * 1024], "cpu")[0] for w in range(2)]
+for label, env in (("tc+flash", {}), ("FLASH=0", {"DORY_CUDA_FLASH": "0"}), ("TC=0", {"DORY_CUDA_TC": "0"})):
+    t1, kl = [], []
+    for w in range(2):
+        g, _ = logits(mini, held[w * 1024:(w + 1) * 1024], "cuda", env=env)
+        a, k = kl_top1(g, cpus[w])
+        t1.append(a), kl.append(k)
+    print("  %-10s top-1 %.4f  KL %.2e" % (label, np.mean(t1), np.mean(kl)), flush=True)
 
 print("== K types", flush=True)
 mini = os.path.join(ROOT, "models", "dory-mini")
