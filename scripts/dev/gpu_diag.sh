@@ -4,6 +4,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp}
 L=$OUT/diag.txt
+echo "== kernels" >> $L
+timeout 200 build/tests/test_cuda_kernels >> $L 2>&1
 python3 scripts/make_checkpoint.py --out /tmp/dory4b --preset 4b --quiet
 DORY_BIN=build/dory timeout 300 python3 scripts/dev/gpu_diag.py >> $L 2>&1
 python3 scripts/make_checkpoint.py --out /tmp/san --preset tiny --set attention_head_dim=64 --set hidden_size=256 --set intermediate_size=512 --quiet

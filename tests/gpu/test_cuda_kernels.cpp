@@ -1,0 +1,289 @@
+// The CUDA kernels one at a time against host references of the same function (no model, no
+// chaos from a random network carrying a rounding step through its layers):
+//   - the int8 products (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K): the input quantized per block as the
+//     kernels do (d = max|x| / 127, q = round-to-nearest-even(x / d)), the weights dequantized
+//     by the CPU's reference (ggml's rules), summed in double: the kernels' integer dot products
+//     are the same sums, so only float rounding of the scales differs (~1e-6 relative);
+//   - BF16 products on tensor cores (16 rows and more) and on CUDA cores (fewer) with the
+//     input rounded to bf16, against double sums of the same bf16 values;
+//   - prompt attention on tensor cores (flash) and on CUDA cores, head dimensions 16 to 256,
+//     full and sliding windows, ring caches, rows not starting at 0, against a double
+//     softmax: the CUDA-core kernel in float (tight), flash with q, k, v rounded to bf16 as
+//     it rounds them and P rounded to bf16 in its products (bound below).
+// Exit 0: all within bounds; 1: a failure (each case prints its error); 77: no CUDA device
+// (ctest lists the test as skipped). Run: build/test_cuda_kernels (ctest -L gpu).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "tensor/dtype.h"
+#include "tensor/quant.h"
+
+namespace {
+
+using namespace dory;
+
+int g_fail = 0;
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error at %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+template <class T>
+T* up(const std::vector<T>& v) {
+  T* p = nullptr;
+  ck(cudaMalloc(&p, std::max<size_t>(1, v.size() * sizeof(T))), "cudaMalloc");
+  ck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  return p;
+}
+
+template <class T>
+std::vector<T> down(const T* p, size_t n) {
+  std::vector<T> v(n);
+  ck(cudaDeviceSynchronize(), "sync");
+  ck(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
+  return v;
+}
+
+void report(const std::string& what, double err, double bound) {
+  const bool ok = std::isfinite(err) && err <= bound;
+  std::printf("  %-64s err %.3e  bound %.1e  %s\n", what.c_str(), err, bound, ok ? "ok" : "FAIL");
+  if (!ok) ++g_fail;
+}
+
+float bf16_round(float v) {  // round to nearest even (finite inputs), as __float2bfloat16_rn
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+// ---- products ----
+
+// The kernels' input quantization (kernels.cu, warp_quant_block), on the host.
+void quant_blocks(const float* x, int64_t n, int B, std::vector<float>& xq) {
+  xq.resize(n);
+  for (int64_t b = 0; b < n; b += B) {
+    float amax = 0;
+    for (int j = 0; j < B; ++j) amax = std::max(amax, std::fabs(x[b + j]));
+    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    for (int j = 0; j < B; ++j) {
+      int v = static_cast<int>(std::nearbyint(x[b + j] * id));
+      v = std::min(127, std::max(-127, v));
+      xq[b + j] = static_cast<float>(v) * d;
+    }
+  }
+}
+
+cuda::DevMat upload_mat(DType t, const std::vector<uint8_t>& blocks, int64_t rows, int64_t cols) {
+  cuda::DevMat d;
+  d.dtype = static_cast<int>(t);
+  d.rows = rows, d.cols = cols;
+  std::vector<uint8_t> packed(blocks.size());
+  if (t == DType::Q8_0 || t == DType::Q4_0) {
+    cuda::repack_blocks(d.dtype, blocks.data(), rows, cols, packed.data());
+    d.data = up(packed);
+    d.scales = static_cast<const uint8_t*>(d.data) + rows * cols / (t == DType::Q8_0 ? 1 : 2);
+  } else if (t == DType::Q6_K) {
+    cuda::repack_q6_k(blocks.data(), rows, cols, packed.data());
+    d.data = up(packed);
+    d.scales = static_cast<const uint8_t*>(d.data) + rows * (cols / 256) * 192;
+  } else {
+    d.data = up(blocks);
+  }
+  return d;
+}
+
+void product_case(DType t, int64_t rows, int64_t cols, int T, std::mt19937& rng) {
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  std::vector<float> w(rows * cols), x(T * cols);
+  for (float& v : w) v = N(rng) * 0.05f;
+  for (float& v : x) v = N(rng);
+  const bool half = t == DType::BF16;
+  std::vector<uint8_t> blocks(row_bytes(t, cols) * rows);
+  for (int64_t r = 0; r < rows; ++r) quantize_row(t, w.data() + r * cols, blocks.data() + r * row_bytes(t, cols), cols);
+  std::vector<float> wd(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) dequantize_row(t, blocks.data() + r * row_bytes(t, cols), wd.data() + r * cols, cols);
+  const cuda::DevMat m = upload_mat(t, blocks, rows, cols);
+  const int B = dtype_block_elems(t) == 256 ? 256 : 32;
+  const cuda::Act act = half ? cuda::Act::Bf16 : B == 256 ? cuda::Act::Block256 : cuda::Act::Block32;
+  float* dx = up(x);
+  std::vector<float> zeros(T * rows, 0.0f);
+  float* dy = up(zeros);
+  std::vector<uint8_t> scratch_h(T * cols * 4 + 1024);
+  void* scratch = up(scratch_h);
+  cuda::linear(m, dx, T, dy, act, scratch);
+  const std::vector<float> y = down(dy, T * rows);
+  double worst = 0;
+  std::vector<float> xq;
+  for (int t0 = 0; t0 < T; ++t0) {
+    const float* xr = x.data() + t0 * cols;
+    if (half) {
+      xq.assign(xr, xr + cols);
+      for (float& v : xq) v = bf16_round(v);
+    } else {
+      quant_blocks(xr, cols, B, xq);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0, a = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        s += static_cast<double>(wd[r * cols + c]) * xq[c];
+        a += std::fabs(static_cast<double>(wd[r * cols + c]) * xq[c]);
+      }
+      worst = std::max(worst, std::fabs(y[t0 * rows + r] - s) / std::max(a, 1e-30));
+    }
+  }
+  char what[128];
+  std::snprintf(what, sizeof what, "linear %s %lldx%lld, %d input rows%s", dtype_name(t), (long long)rows,
+                (long long)cols, T, half && T >= 16 ? " (tensor cores)" : "");
+  // Relative to sum |w x|: float products and sums of 256-4096 terms, ~1e-6; a wrong block,
+  // scale or lane moves a row by ~1e-1 of it.
+  report(what, worst, 1e-4);
+  cudaFree(dx), cudaFree(dy), cudaFree(scratch), cudaFree(const_cast<void*>(m.data));
+}
+
+// ---- attention ----
+
+struct AttnCase {
+  int hd, nh, nk, T;
+  int64_t start;   // position of the first row
+  int64_t window;  // 0: full attention
+  bool ring;
+};
+
+void attention_case(const AttnCase& a, std::mt19937& rng) {
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  const int64_t end = a.start + a.T;  // positions [0, end) are in the cache
+  const int64_t ring = a.ring ? a.window + a.T + 3 : 0;
+  const int64_t cap = a.ring ? ring : end;
+  const int64_t w = static_cast<int64_t>(a.nk) * a.hd;
+  // Keys at unit length per head, queries scaled so the softmax is neither flat nor one-hot.
+  std::vector<float> K(cap * w), V(cap * w), Q(static_cast<int64_t>(a.T) * a.nh * a.hd);
+  std::vector<float> kfull(end * w), vfull(end * w);
+  for (int64_t p = 0; p < end; ++p)
+    for (int h = 0; h < a.nk; ++h) {
+      double n2 = 0;
+      for (int j = 0; j < a.hd; ++j) {
+        kfull[p * w + h * a.hd + j] = N(rng);
+        n2 += kfull[p * w + h * a.hd + j] * kfull[p * w + h * a.hd + j];
+      }
+      for (int j = 0; j < a.hd; ++j) {
+        kfull[p * w + h * a.hd + j] /= static_cast<float>(std::sqrt(n2));
+        vfull[p * w + h * a.hd + j] = N(rng);
+      }
+    }
+  for (float& v : Q) v = N(rng) * 3.0f;
+  // What the cache holds: a ring keeps position p at p % ring (the last `ring` positions).
+  for (int64_t p = 0; p < end; ++p) {
+    if (a.ring && p < end - ring) continue;
+    const int64_t s = a.ring ? p % ring : p;
+    std::memcpy(&K[s * w], &kfull[p * w], w * 4);
+    std::memcpy(&V[s * w], &vfull[p * w], w * 4);
+  }
+  float* dk = up(K);
+  float* dv = up(V);
+  float* dq = up(Q);
+  std::vector<cuda::AttnRow> rows(a.T);
+  for (int t = 0; t < a.T; ++t) {
+    const int64_t pos = a.start + t;
+    rows[t] = {dk, dv, ring, pos, a.window ? std::max<int64_t>(0, pos - a.window + 1) : 0};
+  }
+  cuda::AttnRow* drows = up(rows);
+  std::vector<float> zeros(static_cast<int64_t>(a.T) * a.nh * a.hd, 0.0f);
+  float* out_flash = up(zeros);
+  float* out_core = up(zeros);
+  std::vector<float> part_h(std::max<int64_t>(1, cuda::attention_part_floats(a.T, a.nh, a.hd)));
+  float* part = up(part_h);
+  std::vector<int> cnt_h(a.T * a.nh, 0);
+  int* cnt = up(cnt_h);
+  const bool flashed = cuda::flash_attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_flash);
+  cuda::attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_core, part, cnt);
+  const std::vector<float> of = down(out_flash, zeros.size()), oc = down(out_core, zeros.size());
+  // References in double: plain, and with q, k, v rounded to bf16 (flash's inputs).
+  double err_core = 0, err_flash = 0;
+  for (int bf = 0; bf < 2; ++bf)
+    for (int t = 0; t < a.T; ++t)
+      for (int h = 0; h < a.nh; ++h) {
+        const int kvh = h / (a.nh / a.nk);
+        const int64_t pos = rows[t].pos, lo = rows[t].lo;
+        auto r = [&](float v) { return bf ? static_cast<double>(bf16_round(v)) : static_cast<double>(v); };
+        const float* q = &Q[(static_cast<int64_t>(t) * a.nh + h) * a.hd];
+        std::vector<double> s(pos - lo + 1);
+        double mx = -1e300;
+        for (int64_t p = lo; p <= pos; ++p) {
+          double d = 0;
+          for (int j = 0; j < a.hd; ++j) d += r(q[j]) * r(kfull[p * w + kvh * a.hd + j]);
+          s[p - lo] = d / std::sqrt(static_cast<double>(a.hd));
+          mx = std::max(mx, s[p - lo]);
+        }
+        double z = 0;
+        for (double& v : s) z += (v = std::exp(v - mx));
+        for (int j = 0; j < a.hd; ++j) {
+          double o = 0;
+          for (int64_t p = lo; p <= pos; ++p) o += s[p - lo] * r(vfull[p * w + kvh * a.hd + j]);
+          o /= z;
+          const int64_t i = (static_cast<int64_t>(t) * a.nh + h) * a.hd + j;
+          if (bf) err_flash = std::max(err_flash, std::fabs(of[i] - o));
+          else err_core = std::max(err_core, std::fabs(oc[i] - o));
+        }
+      }
+  char what[160];
+  std::snprintf(what, sizeof what, "attention hd %d, %d/%d heads, %d rows from %lld, window %lld%s",
+                a.hd, a.nh, a.nk, a.T, (long long)a.start, (long long)a.window, a.ring ? ", ring" : "");
+  // CUDA cores: float sums and expf against double, outputs of magnitude ~1: 1e-4.
+  report(std::string(what) + ": cuda cores", err_core, 1e-4);
+  // Flash: P rounded to bf16 (2^-9 relative each) in P V: |sum (p_i e_i) v_i| <= 2^-9 max|v|
+  // ~ 8e-3 for |v| <= 4; the online rescaling adds float rounding only. A wrong key, mask,
+  // tile or fragment moves outputs by ~1e-1 and more.
+  if (flashed) report(std::string(what) + ": flash (tensor cores)", err_flash, 1e-2);
+  else std::printf("  %-64s (flash does not apply)\n", what);
+  cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(drows), cudaFree(out_flash), cudaFree(out_core);
+  cudaFree(part), cudaFree(cnt);
+}
+
+}  // namespace
+
+int main() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("test_cuda_kernels: skipped: no CUDA device\n");
+    return 77;
+  }
+  cudaStream_t s;
+  ck(cudaStreamCreate(&s), "stream");
+  cuda::set_stream(s);
+  cuda::set_tc_float_inputs(true);
+  std::mt19937 rng(7);
+  try {
+    std::printf("products\n");
+    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
+      for (int T : {1, 3, 9})
+        for (int64_t cols : {256, 1024}) product_case(t, 300, cols, T, rng);
+    for (int T : {1, 5, 16, 40, 130}) product_case(DType::BF16, 300, 512, T, rng);
+    product_case(DType::BF16, 1000, 2560, 100, rng);
+    std::printf("attention\n");
+    for (int hd : {16, 32, 64, 128, 256}) {
+      attention_case({hd, 4, 2, 70, 0, 0, false}, rng);
+      attention_case({hd, 4, 2, 70, 30, 0, false}, rng);
+      attention_case({hd, 4, 2, 70, 30, 20, false}, rng);
+      attention_case({hd, 4, 2, 70, 100, 20, true}, rng);
+    }
+    attention_case({256, 16, 4, 100, 0, 0, false}, rng);
+    attention_case({64, 4, 4, 130, 500, 1024, true}, rng);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "test_cuda_kernels: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%s: %d case(s) failed\n", g_fail ? "FAILED" : "OK", g_fail);
+  return g_fail ? 1 : 0;
+}
