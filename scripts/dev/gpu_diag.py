@@ -73,11 +73,6 @@ for hd in (64, 256):
     tc_matrix(m, 70, "64", 256)
 if os.path.isdir("/tmp/dory4b"):
     tc_matrix("/tmp/dory4b", 100, "512", 100000)
-    # the CPU's own spread on this random model: its avx512 and avx2 sets, bf16 inputs both
-    ids4 = np.random.default_rng(1).integers(0, 100000, 100).tolist()
-    a, _ = logits("/tmp/dory4b", ids4, "cpu", env=BF)
-    b, _ = logits("/tmp/dory4b", ids4, "cpu", env=dict(BF, DORY_ISA="avx2"))
-    show("dory4b cpu avx512 vs cpu avx2 (the random model's own spread)", a, b)
 
 
 def kl_top1(g, c):
