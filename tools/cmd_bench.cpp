@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "model_text.h"
 #include "backend/backend.h"
 #include "tensor/kernels.h"
 
@@ -41,6 +42,7 @@ std::pair<double, double> mean_sd(const std::vector<double>& v) {
 int run_bench(const BenchOpts& o) {
   check_device(o.run.backend_options());
   const auto t_load = Clock::now();
+  refuse_dynamic_skill(o.run, "dory bench");
   if (o.run.skill == "auto") throw Error("--skill auto: routing a prompt to a skill is not there yet (give --skill ID or none)");
   auto model = Model::load(o.run.model_path(), o.run.placement(), o.run.skill, o.run.lora);
   const double load_s = seconds_since(t_load);

@@ -82,6 +82,7 @@ std::vector<int32_t> enc(const Tokenizer& tok, const std::string& s) {
 int run_calibrate(const CalibrateOpts& o) {
   const auto t0 = Clock::now();
   refuse_auto_skill(o.run, "dory calibrate");
+  refuse_dynamic_skill(o.run, "dory calibrate");
   Loaded m = load_model_and_tokenizer(o.run, o.tokenizer);
   const DoryConfig& c = m.model->config();
   auto pool = o.run.open(m.model);

@@ -31,7 +31,10 @@ int run_chat(const ChatOpts& o) {
   Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
   const ChatTemplate tmpl(chat_template_source(*m.tok));
   // --skill auto: the first turn's prompt picks the skill (the session starts over on it).
-  bool routed = o.run.skill != "auto";
+  // --skill-dynamic: the same turn starts it (then the skill follows each answer's tokens).
+  bool routed = o.run.skill != "auto" && !o.run.skill_dynamic;
+  std::unique_ptr<DynamicSkills> dyn;
+  const std::shared_ptr<Backend> base_backend = m.backend;
   auto ts_ptr = std::make_unique<TextSession>(m.backend, o.run.session(), *m.tok);
   Sampler sampler(o.gen.sampling());
 
@@ -68,6 +71,7 @@ int run_chat(const ChatOpts& o) {
     if (line == "/reset") {
       start();
       ts_ptr->reset();
+      if (o.run.skill_dynamic) routed = false, dyn.reset(), m.backend = base_backend;
       std::fprintf(stderr, "[chat reset]\n");
       continue;
     }
@@ -92,13 +96,15 @@ int run_chat(const ChatOpts& o) {
       ids.insert(ids.begin(), *bos);
     if (!routed) {
       try {
-        route_skill(o.run, m, ids);
+        if (o.run.skill_dynamic) dyn = std::make_unique<DynamicSkills>(o.run, m, ids);
+        else route_skill(o.run, m, ids);
       } catch (const Error& e) {
         messages.erase(messages.size() - 1);
         std::fprintf(stderr, "error: %s\n", e.what());
         continue;
       }
       ts_ptr = std::make_unique<TextSession>(m.backend, o.run.session(), *m.tok);
+      if (dyn) dyn->attach(ts_ptr->session());
       routed = true;
     }
     TextSession& ts = *ts_ptr;
@@ -117,8 +123,10 @@ int run_chat(const ChatOpts& o) {
       std::fprintf(stderr, "[turn %d: prompt %zu tokens, %lld reused from the cache, %lld new fed in %.2f s]\n",
                    turn, ids.size(), (long long)pf.reused, (long long)pf.fed, pf.seconds);
     std::string answer;
+    GenerateParams gp = o.gen.params();
+    if (dyn) gp.after_token = [&](Session& s) { dyn->after_token(s); };
     const GenerateStats gs = ts.generate(
-        sampler, o.gen.params(),
+        sampler, gp,
         [&](std::string_view s) {
           answer += s;
           std::fwrite(s.data(), 1, s.size(), stdout);

@@ -25,6 +25,7 @@ int run_logits(const LogitsOpts& o) {
   check_device(o.run.backend_options());
   std::shared_ptr<const Model> model;
   std::shared_ptr<Backend> backend;
+  refuse_dynamic_skill(o.run, "dory logits");
   if (o.run.skill == "auto") {  // routed on the ids (all of them, prompt and scored rows)
     Loaded l;
     l.model = Model::load(o.run.model_path(), o.run.placement(), "", o.run.lora);

@@ -28,6 +28,7 @@ int run_ppl(const PplOpts& o) {
   if (const size_t bad = utf8::first_invalid(text); bad != std::string::npos)
     throw Error(o.file + ": not valid UTF-8 at byte " + std::to_string(bad));
   refuse_auto_skill(o.run, "dory ppl");
+  refuse_dynamic_skill(o.run, "dory ppl");
   Loaded m = load_model_and_tokenizer(o.run, "");
   std::vector<int32_t> tokens = m.tok->encode(text, /*add_special=*/true);
   const int64_t ctx = o.ctx;

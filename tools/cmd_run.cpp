@@ -29,8 +29,13 @@ int run_run(const RunCmdOpts& o) {
   Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
   const std::vector<int32_t> ids = m.tok->encode(prompt, /*add_special=*/true);
   if (ids.empty()) throw Error("the prompt encodes to no tokens");
-  route_skill(o.run, m, ids);
+  std::unique_ptr<DynamicSkills> dyn;
+  if (o.run.skill_dynamic) dyn = std::make_unique<DynamicSkills>(o.run, m, ids);
+  else route_skill(o.run, m, ids);
   TextSession ts(m.backend, o.run.session(), *m.tok);
+  if (dyn) dyn->attach(ts.session());
+  GenerateParams gp = o.gen.params();
+  if (dyn) gp.after_token = [&](Session& s) { dyn->after_token(s); };
   Sampler sampler(o.gen.sampling());
   const Session& ss = ts.session();
   if (o.verbose)
@@ -44,7 +49,7 @@ int run_run(const RunCmdOpts& o) {
   ProgressLine progress("prompt");
   const PrefillStats pf = ts.prefill(ids, [&](int64_t d, int64_t t) { progress.update(d, t); });
   progress.done();
-  const GenerateStats gs = ts.generate(sampler, o.gen.params(), [](std::string_view s) {
+  const GenerateStats gs = ts.generate(sampler, gp, [](std::string_view s) {
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fflush(stdout);
     return true;

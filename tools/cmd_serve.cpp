@@ -61,6 +61,7 @@ int run_serve(ServeOpts o) {
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
   const auto t0 = std::chrono::steady_clock::now();
   refuse_auto_skill(o.run, "dory serve (a request names its skill: \"skill\": ID)");
+  refuse_dynamic_skill(o.run, "dory serve (not in the server yet)");
   Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
   const DoryConfig& c = m.model->config();
   if (o.ctx > c.max_positions)

@@ -103,6 +103,10 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
       "CMF files: run with this skill's tensors in place of the backbone's: ID, none, or auto (run, "
       "chat, logits: the file's routers pick one from the prompt's hidden states); dory info lists "
       "the file's skills");
+  app->add_flag("--skill-dynamic", o.skill_dynamic,
+                "CMF files (dory run, chat; CPU): the skill follows the generated text, re-routed "
+                "every 8 tokens from the hidden states (cortiq's --route-dynamic; skills of MLP "
+                "tensors only; docs/cmf.md)");
   auto* mm =
       app->add_flag("--mmap", o.mmap,
                     "use the weights in place from the memory-mapped model file (the default): "

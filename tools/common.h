@@ -31,6 +31,7 @@ struct RunOpts {
   bool mmap = false, no_mmap = false;  // --mmap (the default) / --no-mmap
   std::string device = "auto";         // --device cpu|cuda|auto
   std::string skill;                   // --skill ID|none (CMF files)
+  bool skill_dynamic = false;          // --skill-dynamic (run, chat)
   std::vector<std::string> lora;       // --lora FILE[:SCALE], repeatable
   WeightPlacement placement() const;
   BackendOptions backend_options() const;

@@ -28,6 +28,9 @@ struct GenerateParams {
   int max_tokens = 256;           // -1: until end of text or the context is full
   std::vector<std::string> stop;  // stop strings (not included in the output)
   bool ignore_eos = false;
+  // After each sampled token's pass, before the next is sampled (--skill-dynamic re-routes
+  // here: it may move the session to another engine).
+  std::function<void(Session&)> after_token;
 };
 
 struct PrefillStats {

@@ -59,6 +59,14 @@ class Session {
   // it runs in a token (input block; recurrent block: pass 1; output block: after every
   // pass of the session's loop count).
   std::vector<float> mean_hidden(std::span<const int32_t> ids, int layer);
+  // From the next forward on, every whole-token pass keeps the rows' hidden state after
+  // physical layer `layer` (where mean_hidden reads it): probed() gives the last pass's
+  // rows [T x H]. -1: off. CPU backend only, gate off (Error otherwise).
+  void set_probe(int layer);
+  const std::vector<float>& probed() const;
+  // Runs the next passes on another engine of the same model shape and backend kind (a CMF
+  // skill's: --skill-dynamic), keeping this session's caches and position. Error otherwise.
+  void switch_backend(std::shared_ptr<Backend> backend);
   // The exact-row features of every sealed far-field slot whose rows still wait
   // for the choice (exact rows on, before the prompt's end).
   std::vector<SlotFeatures> exact_features();

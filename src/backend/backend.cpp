@@ -44,6 +44,11 @@ void check_device(const BackendOptions& opts) {
 #endif
 }
 
+void Backend::probe(std::span<const int64_t>, float*) {
+  throw Error(std::string("--skill-dynamic: the ") + name() +
+              " backend does not read hidden states token by token yet (run it with --device cpu)");
+}
+
 int default_host_threads() { return ThreadPool::default_threads(); }
 
 std::shared_ptr<Backend> open_backend(std::shared_ptr<const Model> model, const BackendOptions& opts) {

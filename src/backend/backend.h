@@ -96,6 +96,9 @@ class Backend {
   // The recurrent state of rows `rows` (after a LoopEnd): [rows.size() x H] into out
   // (what the recon router scores and dory calibrate fits).
   virtual void state(std::span<const int64_t> rows, float* out) = 0;
+  // The hidden state of rows `rows` where the pass's Probe step stood: [rows.size() x H].
+  // A backend without Probe steps says so (Error).
+  virtual void probe(std::span<const int64_t> rows, float* out);
 
   // Host work beside the passes (sampling several sequences' tokens) on the backend's
   // host threads: fn(i) for i in [0, n), returning when all are done.

@@ -9,7 +9,9 @@ namespace dory {
 // exit change the list, not the forward code. Each layer step names the cache slot its
 // attention reads and writes, so a backend needs no one to tell it which cache to use.
 struct Step {
-  enum class Op { Layer, LoopBegin, LoopEnd, OutputBegin } op;
+  // Probe: the rows' hidden state as it stands (after the layer before it) is kept for
+  // Backend::probe (a skill router's phi, token by token: --skill-dynamic).
+  enum class Op { Layer, LoopBegin, LoopEnd, OutputBegin, Probe } op;
   int layer = -1;  // physical layer (shared weights) for Op::Layer
   int loop = 0;    // recurrent pass index; 0 outside the recurrent block
   // Op::Layer on an attention layer: its cache slot. per_loop: the pass index in the

@@ -198,6 +198,7 @@ GenerateStats TextSession::generate(Sampler& sampler, const GenerateParams& para
     }
     last_logits_ = s.forward({&id, 1}, Logits::Last);
     seq_.took({&id, 1});
+    if (params.after_token) params.after_token(s);
   }
   text.finish();
   st.seconds = since(t0);

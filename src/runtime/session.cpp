@@ -41,6 +41,8 @@ struct SessionState {
   bool warned = false;
   int64_t pos = 0;
   std::map<int, std::vector<Step>> plans;             // whole-token plans by loop count
+  int probe_layer = -1;       // set_probe: the whole-token plans keep the hidden state there
+  std::vector<float> probed;  // [rows of the last pass x H]
   std::vector<Step> plan_first, plan_rest, plan_out;  // the gate's pieces
   std::unique_ptr<SeqCaches> caches;                  // on the session's backend
   ExitTracker tracker;
@@ -68,7 +70,17 @@ struct SessionState {
 
 const std::vector<Step>& SessionState::plan(const DoryConfig& c, int n) {
   auto it = plans.find(n);
-  if (it == plans.end()) it = plans.emplace(n, build_plan(c, kv, n)).first;
+  if (it == plans.end()) {
+    std::vector<Step> p = build_plan(c, kv, n);
+    if (probe_layer >= 0) {
+      // After the first time the layer runs in a token (as mean_hidden reads it).
+      const auto at = std::find_if(p.begin(), p.end(), [&](const Step& st) {
+        return st.op == Step::Op::Layer && st.layer == probe_layer;
+      });
+      if (at != p.end()) p.insert(at + 1, Step{Step::Op::Probe, -1, 0, 0});
+    }
+    it = plans.emplace(n, std::move(p)).first;
+  }
   return it->second;
 }
 
@@ -260,6 +272,36 @@ const std::vector<float>& Session::lora() const {
   return st_->lora;
 }
 
+void Session::set_probe(int layer) {
+  SessionState& S = *st_;
+  const DoryConfig& c = backend_->model().config();
+  if (layer >= c.n_layer)
+    throw Error("skill router: phi_layer " + std::to_string(layer) + " is not one of the model's " +
+                std::to_string(c.n_layer) + " layers");
+  if (layer >= 0 && S.gate.kind != GateParams::Kind::Off)
+    throw Error("--skill-dynamic reads every token's full pass: it needs --gate off");
+  if (layer >= 0 && std::string(backend_->name()) != "cpu")
+    throw Error(std::string("--skill-dynamic: the ") + backend_->name() +
+                " backend does not read hidden states token by token yet (run it with --device cpu)");
+  S.probe_layer = layer < 0 ? -1 : layer;
+  S.plans.clear();
+  S.probed.clear();
+}
+
+const std::vector<float>& Session::probed() const {
+  return st_->probed;
+}
+
+void Session::switch_backend(std::shared_ptr<Backend> backend) {
+  if (!backend) throw Error("switch_backend: no backend");
+  const DoryConfig &a = backend_->model().config(), &b = backend->model().config();
+  if (std::string(backend->name()) != backend_->name() || a.hidden != b.hidden ||
+      a.n_layer != b.n_layer || a.vocab != b.vocab || a.n_head != b.n_head ||
+      a.n_kv_head != b.n_kv_head || a.head_dim != b.head_dim || a.pattern != b.pattern)
+    throw Error("switch_backend: the two engines do not run the same model shape on one backend kind");
+  backend_ = std::move(backend);
+}
+
 void Session::set_loops(int loops) {
   check_loops(loops);
   SessionState& S = *st_;
@@ -294,6 +336,10 @@ void Session::run_pass(std::span<const int32_t> ids, const std::vector<Step>& pl
   be.steps(plan);
   const int64_t T = static_cast<int64_t>(ids.size());
   if (logit_row0 < T) be.logits(S.row_range(logit_row0, T), logits);
+  if (S.probe_layer >= 0) {
+    S.probed.resize(T * backend_->model().config().hidden);
+    be.probe(S.row_range(0, T), S.probed.data());
+  }
 }
 
 std::vector<float> Session::forward(std::span<const int32_t> ids, Logits want) {

@@ -157,6 +157,12 @@ void CpuBackend::logits(std::span<const int64_t> rows, float* out) {
   forward_head(w, pool_, scratch_.out.data(), n, out);
 }
 
+void CpuBackend::probe(std::span<const int64_t> rows, float* out) {
+  const int64_t H = model_->config().hidden;
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::copy_n(scratch_.probe.data() + rows[r] * H, H, out + r * H);
+}
+
 void CpuBackend::state(std::span<const int64_t> rows, float* out) {
   const int64_t H = model_->config().hidden;
   for (size_t r = 0; r < rows.size(); ++r)

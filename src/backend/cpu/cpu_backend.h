@@ -43,6 +43,7 @@ class CpuBackend final : public Backend {
   void steps(std::span<const Step> plan) override;
   void logits(std::span<const int64_t> rows, float* out) override;
   void state(std::span<const int64_t> rows, float* out) override;
+  void probe(std::span<const int64_t> rows, float* out) override;
   void host_parallel(int64_t n, const std::function<void(int64_t)>& fn) override {
     pool_.run(n, fn);
   }

@@ -8,7 +8,7 @@ namespace dory {
 
 void Scratch::reserve(const DoryConfig& c, int64_t T) {
   const int64_t H = c.hidden, QW = c.n_head * c.head_dim, KW = c.n_kv_head * c.head_dim;
-  for (auto* v : {&x, &inp, &state, &out}) v->resize(T * H);
+  for (auto* v : {&x, &inp, &state, &out, &probe}) v->resize(T * H);
   for (auto* v : {&q, &g, &att}) v->resize(T * QW);
   for (auto* v : {&k, &v}) v->resize(T * KW);
   for (auto* v : {&ff_g, &ff_u}) v->resize(T * c.ffn);
@@ -45,6 +45,9 @@ void run_plan(const Weights& w, ThreadPool& pool, Scratch& s, const ChunkArgs& a
         break;
       case Step::Op::OutputBegin:
         std::copy_n(s.state.data(), T * H, s.x.data());
+        break;
+      case Step::Op::Probe:  // the layers' outputs are on the unit sphere already (nGPT)
+        std::copy_n(s.x.data(), T * H, s.probe.data());
         break;
     }
   }

@@ -28,6 +28,7 @@ struct Scratch {
   std::vector<float> q, g, att;       // [T x nh*hd]
   std::vector<float> k, v;            // [T x nk*hd]
   std::vector<float> out;             // [T x H]
+  std::vector<float> probe;           // [T x H]: x where the plan's Probe step stood
   std::vector<float> ff_g, ff_u;      // [T x F]
   RopeTable rope[2];                  // profile 1 and 2
   void reserve(const DoryConfig& c, int64_t T);

@@ -657,6 +657,8 @@ void CudaBackend::launch(std::span<const Step> plan) {
                            static_cast<cudaStream_t>(stream_)),
            "output begin");
         break;
+      case Step::Op::Probe:  // Session::set_probe refuses this backend before a pass gets here
+        throw Error("--skill-dynamic: the cuda backend does not read hidden states token by token yet");
     }
   }
   act_src_ = nullptr;
