@@ -157,6 +157,10 @@ DynamicSkills::DynamicSkills(const RunOpts& run, Loaded& l, std::span<const int3
     throw Error("DORY_SKILL_EVERY must be 1 or more and DORY_SKILL_ALPHA in [0, 1]");
   every_ = static_cast<int>(every);
   engines_.emplace_back("", l.backend);
+  {
+    Session probe(l.backend, run.session());  // the gate and backend checks, before any output
+    probe.set_probe(layer_);
+  }
   phi_ = prompt_phi(run, l.backend, prompt, layer_);
   decide(nullptr, "prompt");
   l.backend = engine(active_);

@@ -539,5 +539,98 @@ class GroupDtypes(unittest.TestCase):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+class SkillDynamic(unittest.TestCase):
+    """--skill-dynamic (cortiq's --route-dynamic): the built-in model as CMF with two skills
+    that each change one MLP layer after the routers' phi_layer, added by dory skill add from
+    fine-tunes with routers fitted on prompts. With the thresholds pinned through the
+    environment: never on gives the base model's text exactly (reading phi changes nothing);
+    on and never off gives exactly the prompt's skill's text; off at every look switches at
+    tokens 8, 16, ... and the text changes with it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="dory_cmfd_")
+        mini = os.path.join(ROOT, "models", "dory-mini")
+        with open(os.path.join(mini, "config.json")) as f:
+            cfg = json.load(f)
+        base = os.path.join(cls.tmp, "base.cmf")
+        subprocess.run([DORY, "convert", mini, base, "-q"], check=True, capture_output=True)
+        L = cfg["num_hidden_layers"]
+        mlps = [i for i, ch in enumerate(cfg["hybrid_layer_pattern"]) if ch == "-" and i > (2 * L) // 3]
+        tensors = read_safetensors(os.path.join(mini, "model.safetensors"))
+        prompts = {"legal": ["The licence grants you the right to copy and to modify the program.",
+                             "You may convey verbatim copies of the source code as you receive it.",
+                             "This License applies to any program or other work which contains a notice."],
+                   "sums": ["What is 4821 + 397? The answer is 5218.", "What is 12 + 30? The answer is 42.",
+                            "What is 700 + 99? The answer is 799."]}
+        src = base
+        for n, (kid, lines) in enumerate(prompts.items()):
+            ft = os.path.join(cls.tmp, "ft_" + kid)
+            os.makedirs(ft)
+            for f in os.listdir(mini):
+                if f.endswith(".json") or f.endswith(".txt"):
+                    shutil.copy(os.path.join(mini, f), ft)
+            target = "backbone.layers.%d.mixer.up_proj.weight" % mlps[n]
+            ts = {name: ST.to_f32(dt, shape, raw).reshape(shape) for name, (dt, shape, raw) in tensors.items()}
+            ts[target] = ts[target] * (-1.5 if n == 0 else -2.0)
+            write_safetensors(os.path.join(ft, "model.safetensors"), ts)
+            pf = os.path.join(cls.tmp, kid + ".txt")
+            with open(pf, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            out = os.path.join(cls.tmp, "with_%s.cmf" % kid)
+            r = subprocess.run([DORY, "skill", "add", "-m", src, "--from", ft, "--id", kid, "--prompts", pf,
+                                "--rank", "2", "-o", out], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            src = out
+        cls.model = src
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def run_dory(self, *args, env=None):
+        e = dict(os.environ)
+        e.update(env or {})
+        return subprocess.run([DORY, "run", "-m", self.model, "-p", "What is 31 + 8? The answer is", "-n", "24",
+                               "--temp", "0", "--ignore-eos", "-t", "2", *args], capture_output=True, text=True, env=e)
+
+    def test_skill_follows_the_text(self):
+        never = self.run_dory("--skill-dynamic", env={"DORY_SKILL_ON": "-1"})
+        self.assertEqual(never.returncode, 0, never.stderr)
+        self.assertIn("skill dynamic: prompt: none -> none", never.stderr)
+        self.assertEqual(never.stdout, self.run_dory("--skill", "none").stdout)
+        pinned = self.run_dory("--skill-dynamic", env={"DORY_SKILL_ON": "10", "DORY_SKILL_OFF": "20",
+                                                       "DORY_SKILL_MARGIN": "100"})
+        self.assertEqual(pinned.returncode, 0, pinned.stderr)
+        m = re.search(r"skill dynamic: prompt: none -> '(\w+)'", pinned.stderr)
+        self.assertIsNotNone(m, pinned.stderr)
+        first = m.group(1)
+        self.assertNotIn("token 8", pinned.stderr)
+        same = self.run_dory("--skill", first)
+        self.assertEqual(pinned.stdout, same.stdout)
+        flip = self.run_dory("--skill-dynamic", env={"DORY_SKILL_ON": "10", "DORY_SKILL_OFF": "-1"})
+        self.assertEqual(flip.returncode, 0, flip.stderr)
+        self.assertRegex(flip.stderr, r"skill dynamic: token 8: '%s' -> (none|'\w+')" % first)
+        self.assertRegex(flip.stderr, r"skill dynamic: token 16: ")
+        self.assertNotEqual(flip.stdout, same.stdout)
+
+    def test_bad_uses_are_one_line_errors(self):
+        mini = os.path.join(ROOT, "models", "dory-mini")
+        for args, msg in ((["--skill-dynamic", "--skill", "legal"], "leave out --skill legal"),
+                          (["--skill-dynamic", "--kv", "last_loop", "--gate", "conf:0.5"], "needs --gate off")):
+            r = self.run_dory(*args)
+            self.assertEqual(r.returncode, 1, (args, r.stderr))
+            self.assertIn(msg, r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        r = subprocess.run([DORY, "run", "-m", mini, "-p", "hi", "-n", "2", "--skill-dynamic"], capture_output=True,
+                           text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("skills live in CMF files", r.stderr)
+        r = subprocess.run([DORY, "ppl", "-m", self.model, "--skill-dynamic", "-f", os.path.join(ROOT, "README.md")],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("--skill-dynamic follows generated text", r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
