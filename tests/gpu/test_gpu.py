@@ -98,10 +98,15 @@ def wide_checkpoint():
 
 
 def vocab_of(model):
-    """The vocabulary size dory info reports ("hidden 256   ffn 768   vocab 4096")."""
+    """The vocabulary size dory info reports ("hidden 256   ffn 768   vocab 4096"; a CMF file:
+    its header's arch, vocab_size)."""
     out = subprocess.run([DORY, "info", "-m", model], capture_output=True, text=True, check=True).stdout
-    line = [s for s in out.splitlines() if s.startswith("hidden")][0]
-    return int(line.split()[-1])
+    for s in out.splitlines():
+        if s.startswith("hidden"):
+            return int(s.split()[-1])
+        if s.startswith("arch "):
+            return int(json.loads(s[len("arch"):].strip())["vocab_size"])
+    raise AssertionError("dory info -m %s: no vocabulary size in %r" % (model, out[:300]))
 
 
 def ids_for(n, vocab, seed=1):
