@@ -511,6 +511,10 @@ std::vector<std::string> shard_paths(const std::string& path) {
   return out;
 }
 
+void File::release(const Tensor& t) const {
+  if (map_) map_->release(t.data, t.nbytes);
+}
+
 int group_row(const Tensor& t, int64_t r, int8_t* q, float* scale) {
   if (t.shape.size() != 2 || t.shape[1] % 32 != 0 || r < 0 || r >= t.shape[0]) return 0;
   const int64_t rows = t.shape[0], cols = t.shape[1], gpr = cols / 32;

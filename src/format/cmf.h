@@ -126,6 +126,9 @@ class File {
   const std::vector<int64_t>& eos_ids() const { return eos_ids_; }
   const std::vector<Skill>& skills() const { return skills_; }
   uint64_t dir_hash() const { return dir_hash_; }
+  // A tensor's bytes handed back to the kernel once they were repacked or decoded
+  // (MappedFile::release); nothing if the tensor is not in this file.
+  void release(const Tensor& t) const;
   uint64_t size() const { return size_; }
 
   // Checks every recorded hash (header, directory, the header's section hashes, every tensor).

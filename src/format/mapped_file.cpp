@@ -140,4 +140,13 @@ void write_replacing(const std::string& path, const std::function<void(const std
   }
 }
 
+void MappedFile::release(const void* p, uint64_t n) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (in_memory_ || !data_ || b < data_ || b + n > data_ + size_) return;
+  const uintptr_t page = 4096;
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(b) + page - 1) & ~(page - 1);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(b) + n) & ~(page - 1);
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 }  // namespace dory

@@ -30,6 +30,11 @@ class MappedFile {
   // changed size since it was mapped).
   void read_into_memory();
   bool in_memory() const { return in_memory_; }
+  // Hands the whole pages inside [p, p + n) back to the kernel (madvise MADV_DONTNEED): bytes
+  // that were read once (weights repacked or decoded at load) stop counting in the RSS; they
+  // come back from the file if read again. Nothing for a file read into memory, or a range
+  // outside the mapping.
+  void release(const void* p, uint64_t n) const;
 
  private:
   std::string path_;

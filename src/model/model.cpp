@@ -38,6 +38,8 @@ uint64_t Model::file_bytes() const {
   uint64_t b = 0;
   for (const auto& f : weights_->files) b += f->size();
   if (weights_->gguf) b += weights_->gguf->size();
+  if (weights_->cmf) b += weights_->cmf->size();
+  for (const auto& f : weights_->cmf_shards) b += f->size();
   return b;
 }
 
@@ -45,6 +47,8 @@ std::vector<std::string> Model::files() const {
   std::vector<std::string> v;
   for (const auto& f : weights_->files) v.push_back(f->path());
   if (weights_->gguf) v.push_back(weights_->gguf->path());
+  if (weights_->cmf) v.push_back(weights_->cmf->path());
+  for (const auto& f : weights_->cmf_shards) v.push_back(f->path());
   return v;
 }
 
