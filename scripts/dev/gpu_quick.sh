@@ -10,6 +10,8 @@ L=$OUT/quick.txt
 stamp() { echo "== $(date +%T) $*" | tee -a $L; }
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $L
 python3 scripts/make_checkpoint.py --out /tmp/dory4b --preset 4b --quiet & ck=$!
+stamp kernels
+[ -x build/tests/test_cuda_kernels ] && timeout 120 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1; tail -1 $OUT/kernels.txt | tee -a $L
 stamp tests
 DORY_BIN=build/dory timeout 200 python3 tests/gpu/test_gpu.py > $OUT/gpu_tests.txt 2>&1
 grep -E "max\|d\||agreement|greedy|^Ran|^OK|FAIL|Error|error" $OUT/gpu_tests.txt | tail -45 | tee -a $L
