@@ -87,7 +87,7 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
   app->add_option(
       "--exact", o.exact,
       "rows kept exact past the far field's seal, chosen at a prompt's end: ROWS (the model file's "
-      "weights) | FILE:ROWS (weights from a dory calibrate file) | off (default: the model "
+      "weights) | FILE:ROWS (weights from a dory calibrate file, or cortiq's raw f32 weight file) | off (default: the model "
       "file's)");
   app->add_option("--spill", o.spill,
                   "with --exact: keep the rows that wait for the choice in files under this "

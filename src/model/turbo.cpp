@@ -1,8 +1,10 @@
 #include "model/turbo.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "dory/error.h"
+#include "format/mapped_file.h"
 
 namespace dory {
 
@@ -129,6 +131,25 @@ void write_turbo_data(gguf::Writer& w, const Turbo& t) {
 }
 
 std::vector<float> load_exact_weights(const std::string& path, const DoryConfig& c) {
+  const int64_t want = full_layer_count(c) * 2 * c.n_kv_head;
+  {
+    // cortiq's raw weight file: little-endian f32, the first float skipped (a header we do not
+    // read), then the weights in dory_exact.weight's order (full layer, then per KV head the
+    // key residual's and the value norm's). A GGUF (dory calibrate's) starts with "GGUF".
+    MappedFile m(path);
+    if (m.size() < 4 || std::memcmp(m.data(), "GGUF", 4) != 0) {
+      if (m.size() != static_cast<uint64_t>(4 * (1 + want)))
+        throw Error(path + ": not a GGUF made by dory calibrate, nor cortiq's raw f32 exact-row weights for "
+                    "this model (1 + " + std::to_string(want) + " floats = " + std::to_string(4 * (1 + want)) +
+                    " bytes: " + std::to_string(full_layer_count(c)) + " full layers x 2 x " +
+                    std::to_string(c.n_kv_head) + " KV heads); it has " + std::to_string(m.size()) + " bytes");
+      std::vector<float> w(static_cast<size_t>(want));
+      std::memcpy(w.data(), m.data() + 4, 4 * want);
+      for (float v : w)
+        if (!std::isfinite(v)) throw Error(path + ": raw exact-row weights hold a non-finite value");
+      return w;
+    }
+  }
   gguf::File f(path);
   std::vector<float> w = f32_tensor(f, kExact, 2, 2 * c.n_kv_head);
   if (w.empty()) throw Error(path + ": no tensor '" + std::string(kExact) + "' (make one with dory calibrate)");

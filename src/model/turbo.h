@@ -36,8 +36,9 @@ void write_turbo_data(gguf::Writer& w, const Turbo& t);
 // The number of full-attention layers (the rows of dory_exact.weight).
 int64_t full_layer_count(const DoryConfig& c);
 
-// Exact-row weights from a GGUF made by dory calibrate (its dory_exact.weight),
-// checked against c.
+// Exact-row weights from a GGUF made by dory calibrate (its dory_exact.weight), or from
+// cortiq's raw weight file (little-endian f32: one float skipped, then the same weights in
+// the same order), checked against c.
 std::vector<float> load_exact_weights(const std::string& path, const DoryConfig& c);
 
 }  // namespace dory

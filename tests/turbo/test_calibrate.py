@@ -144,6 +144,34 @@ class Calibrate(G.Turbo):
         # at 1 chunk (tests/builtin), a few times that over 60 tokens of decode.
         self.assertParity(got, ref, "recon gate on dory-mini, reference on the same schedule", 1e-3)
 
+    def test_cortiq_raw_exact_weights(self):
+        # cortiq's raw f32 exact-row weight file (issue 30: the first float skipped, then the
+        # weights in dory_exact.weight's order): the turbo file's weights written that way
+        # choose the same rows, so the logits are the same bit for bit.
+        sys.path.insert(0, os.path.join(ROOT, "tests", "gguf"))
+        import gguf_min
+        t = turbo(self)
+        _, tensors, _ = gguf_min.read(t)
+        gt, shape, raw = tensors["dory_exact.weight"]
+        w = gguf_min.to_f32(gt, shape, raw).ravel()
+        rawf = os.path.join(TMP, "exact.f32")
+        with open(rawf, "wb") as f:
+            f.write(np.concatenate([np.float32([123.0]), w.astype("<f4")]).tobytes())
+        ids = [int(i) for i in np.random.default_rng(4).integers(3, 4000, 700)]
+        flags = ["--kv", "last_loop", "--gate", "off", "--o1", "16,64,4,256", "--chunk", "64"]
+        a, _, _ = self.logits(MINI, ids, *flags, "--exact", t + ":32", prompt_rows=690)
+        b, _, _ = self.logits(MINI, ids, *flags, "--exact", rawf + ":32", prompt_rows=690)
+        self.assertTrue(np.array_equal(a, b))
+        c, _, _ = self.logits(MINI, ids, *flags, "--exact", "off", prompt_rows=690)
+        self.assertFalse(np.array_equal(a, c))  # the rows kept exact change something
+        with open(rawf, "wb") as f:
+            f.write(np.zeros(len(w), "<f4").tobytes())  # the header float missing
+        r = self.run_engine_raw(MINI, [1, 2, 3], ["--o1", "16,64,4,256", "--exact", rawf + ":32"])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("nor cortiq's raw f32 exact-row weights for this model (1 + %d floats" % len(w),
+                      r.stderr.decode())
+        self.assertEqual(len(r.stderr.decode().strip().splitlines()), 1)
+
     def test_bad_turbo_files_and_flags(self):
         t = turbo(self)
         r = self.run_engine_raw(t, [1, 2, 3], ["--exact", "64", "--o1", "off"])
