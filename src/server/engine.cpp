@@ -251,8 +251,13 @@ bool Engine::step() {
     return true;
   }
   const auto t1 = Clock::now();
+  // The caches as this pass left them go into the stats before any job of it is answered, so a
+  // client that reads /metrics right after its response sees them (nothing below moves a cache).
+  uint64_t kv = 0;
+  for (auto& s : slots_) kv += s->seq->session().kv_bytes();
   {
     std::lock_guard<std::mutex> lk(mu_);
+    stats_.kv_bytes = kv;
     ++stats_.steps;
     stats_.rows += prompt_rows + decode_rows;
     stats_.decode_rows += decode_rows;
@@ -299,10 +304,6 @@ bool Engine::step() {
     else
       take_token(*owner[i], drawn[i]);
   }
-  uint64_t kv = 0;
-  for (auto& s : slots_) kv += s->seq->session().kv_bytes();
-  std::lock_guard<std::mutex> lk(mu_);
-  stats_.kv_bytes = kv;
   return true;
 }
 
