@@ -1,13 +1,15 @@
 #!/usr/bin/python3
 # A mid-size random Dory as GGUF Q4_0 (dory quantize) and as CMF q4tp (numpy's encoder from
 # tests/cmf/cmf_writer.py): the same weights, for an interleaved decode benchmark.
+# Writes /tmp/q4b/{hf, q4_0.gguf, cmf/model.cmf}. Needs numpy: /usr/bin/python3.
 import json, os, subprocess, sys
 import numpy as np
-sys.path.insert(0, "/work/main/tests/cmf"); sys.path.insert(0, "/work/main/tests/testlib")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "cmf")); sys.path.insert(0, os.path.join(ROOT, "tests", "testlib"))
 import cmf_writer as W, st_np as ST
 src = "/tmp/q4b/hf"
 if not os.path.isdir(src):
-    subprocess.run(["/usr/bin/python3", "/work/main/scripts/make_checkpoint.py", "--out", src, "--quiet",
+    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "scripts", "make_checkpoint.py"), "--out", src, "--quiet",
                     "--set", "hidden_size=2048", "--set", "intermediate_size=5632", "--set", "attention_head_dim=128",
                     "--set", "num_attention_heads=16", "--set", "num_key_value_heads=4", "--set", "vocab_size=32000",
                     "--set", "max_position_embeddings=4096", "--set", "swa_window_size=1024"], check=True)
@@ -27,5 +29,5 @@ for f in files:
 os.makedirs("/tmp/q4b/cmf", exist_ok=True)
 import shutil; shutil.copy(os.path.join(src, "config.json"), "/tmp/q4b/cmf")
 W.write("/tmp/q4b/cmf/model.cmf", entries, arch=arch, quant_type="Q4TP")
-subprocess.run(["/work/main/build/dory", "quantize", src, "/tmp/q4b/q4_0.gguf", "--type", "q4_0", "-q"], check=True)
+subprocess.run([os.environ.get("DORY_BIN", os.path.join(ROOT, "build", "dory")), "quantize", src, "/tmp/q4b/q4_0.gguf", "--type", "q4_0", "-q"], check=True)
 print("ok", os.path.getsize("/tmp/q4b/cmf/model.cmf"), os.path.getsize("/tmp/q4b/q4_0.gguf"))
