@@ -9,7 +9,8 @@
 //   - prompt attention on tensor cores (flash) and on CUDA cores, head dimensions 16 to 256,
 //     full and sliding windows, ring caches, rows not starting at 0, against a double
 //     softmax: the CUDA-core kernel in float (tight), flash with q, k, v rounded to bf16 as
-//     it rounds them and P rounded to bf16 in its products (bound below).
+//     it rounds them and P rounded to bf16 in its products (bound below), and flash with P
+//     and V in fp16 (cuda::set_flash_f16, DORY_CUDA_FLASH_F16=1).
 // Exit 0: all within bounds; 1: a failure (each case prints its error); 77: no CUDA device
 // (ctest lists the test as skipped). Run: build/test_cuda_kernels (ctest -L gpu).
 #include <cuda_runtime.h>
@@ -202,21 +203,30 @@ void attention_case(const AttnCase& a, std::mt19937& rng) {
   std::vector<float> zeros(static_cast<int64_t>(a.T) * a.nh * a.hd, 0.0f);
   float* out_flash = up(zeros);
   float* out_core = up(zeros);
+  float* out_f16 = up(zeros);
   std::vector<float> part_h(std::max<int64_t>(1, cuda::attention_part_floats(a.T, a.nh, a.hd)));
   float* part = up(part_h);
   std::vector<int> cnt_h(a.T * a.nh, 0);
   int* cnt = up(cnt_h);
   const bool flashed = cuda::flash_attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_flash);
+  cuda::set_flash_f16(true);
+  cuda::flash_attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_f16);
+  cuda::set_flash_f16(false);
   cuda::attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_core, part, cnt);
-  const std::vector<float> of = down(out_flash, zeros.size()), oc = down(out_core, zeros.size());
-  // References in double: plain, and with q, k, v rounded to bf16 (flash's inputs).
-  double err_core = 0, err_flash = 0;
-  for (int bf = 0; bf < 2; ++bf)
+  const std::vector<float> of = down(out_flash, zeros.size()), oc = down(out_core, zeros.size()),
+                           oh = down(out_f16, zeros.size());
+  // References in double: plain (bf 0); q, k, v rounded to bf16 (1: flash's inputs); q, k in
+  // bf16 and v in fp16 (2: DORY_CUDA_FLASH_F16).
+  double err_core = 0, err_flash = 0, err_f16 = 0;
+  for (int bf = 0; bf < 3; ++bf)
     for (int t = 0; t < a.T; ++t)
       for (int h = 0; h < a.nh; ++h) {
         const int kvh = h / (a.nh / a.nk);
         const int64_t pos = rows[t].pos, lo = rows[t].lo;
         auto r = [&](float v) { return bf ? static_cast<double>(bf16_round(v)) : static_cast<double>(v); };
+        auto rv = [&](float v) {
+          return bf == 2 ? static_cast<double>(f16_to_f32(f32_to_f16(v))) : r(v);
+        };
         const float* q = &Q[(static_cast<int64_t>(t) * a.nh + h) * a.hd];
         std::vector<double> s(pos - lo + 1);
         double mx = -1e300;
@@ -230,10 +240,11 @@ void attention_case(const AttnCase& a, std::mt19937& rng) {
         for (double& v : s) z += (v = std::exp(v - mx));
         for (int j = 0; j < a.hd; ++j) {
           double o = 0;
-          for (int64_t p = lo; p <= pos; ++p) o += s[p - lo] * r(vfull[p * w + kvh * a.hd + j]);
+          for (int64_t p = lo; p <= pos; ++p) o += s[p - lo] * rv(vfull[p * w + kvh * a.hd + j]);
           o /= z;
           const int64_t i = (static_cast<int64_t>(t) * a.nh + h) * a.hd + j;
-          if (bf) err_flash = std::max(err_flash, std::fabs(of[i] - o));
+          if (bf == 2) err_f16 = std::max(err_f16, std::fabs(oh[i] - o));
+          else if (bf) err_flash = std::max(err_flash, std::fabs(of[i] - o));
           else err_core = std::max(err_core, std::fabs(oc[i] - o));
         }
       }
@@ -245,9 +256,15 @@ void attention_case(const AttnCase& a, std::mt19937& rng) {
   // Flash: P rounded to bf16 (2^-9 relative each) in P V: |sum (p_i e_i) v_i| <= 2^-9 max|v|
   // ~ 8e-3 for |v| <= 4; the online rescaling adds float rounding only. A wrong key, mask,
   // tile or fragment moves outputs by ~1e-1 and more.
-  if (flashed) report(std::string(what) + ": flash (tensor cores)", err_flash, 1e-2);
-  else std::printf("  %-64s (flash does not apply)\n", what);
+  // P and V in fp16 (2^-11 each): a quarter of that bound and more.
+  if (flashed) {
+    report(std::string(what) + ": flash (tensor cores)", err_flash, 1e-2);
+    report(std::string(what) + ": flash, P V in fp16", err_f16, 2.5e-3);
+  } else {
+    std::printf("  %-64s (flash does not apply)\n", what);
+  }
   cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(drows), cudaFree(out_flash), cudaFree(out_core);
+  cudaFree(out_f16);
   cudaFree(part), cudaFree(cnt);
 }
 

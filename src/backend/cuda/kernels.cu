@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <map>
 #include <string>
 #include <vector>
@@ -650,6 +651,17 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
 #endif
 }
 
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
 __global__ void k_to_bf16(const float* x, int64_t total, __nv_bfloat16* out) {
   pdl_launch();
   pdl_wait();
@@ -770,8 +782,14 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);  // a in the low half
   return *reinterpret_cast<const uint32_t*>(&v);
 }
+__device__ __forceinline__ uint32_t pack_f16(float a, float b) {
+  const __half2 v = __floats2half2_rn(a, b);  // a in the low half
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 
-template <int HD>
+// F16: P and V in fp16 for O += P V (P lies in [0, 1]; fp16 keeps 3 more bits than bf16);
+// Q K^T stays bf16 (a query's range is the model's). DORY_CUDA_FLASH_F16=1, not yet the default.
+template <int HD, bool F16>
 __global__ void __launch_bounds__(128)
     k_flash_attn(const float* __restrict__ q, const AttnRow* __restrict__ rows, int T, int nh,
                  int nk, float* __restrict__ out) {
@@ -779,7 +797,8 @@ __global__ void __launch_bounds__(128)
   extern __shared__ __align__(16) unsigned char fa_smem[];
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(fa_smem);  // [kFaM][QS]
   __nv_bfloat16* Ks = Qs + kFaM * QS;                              // [kFaN][QS]
-  __nv_bfloat16* Vt = Ks + kFaN * QS;                              // [HD][VS]
+  using VT = std::conditional_t<F16, __half, __nv_bfloat16>;
+  VT* Vt = reinterpret_cast<VT*>(Ks + kFaN * QS);                  // [HD][VS]
   pdl_launch();
   pdl_wait();
   const int t0 = blockIdx.x * kFaM, h = blockIdx.y, kvh = h / (nh / nk);
@@ -828,10 +847,17 @@ __global__ void __launch_bounds__(128)
       pk.x = pack_bf16(kv.x, kv.y);
       pk.y = pack_bf16(kv.z, kv.w);
       *reinterpret_cast<uint2*>(Ks + key * QS + c4 * 4) = pk;
-      Vt[(c4 * 4 + 0) * VS + key] = __float2bfloat16_rn(vv.x);
-      Vt[(c4 * 4 + 1) * VS + key] = __float2bfloat16_rn(vv.y);
-      Vt[(c4 * 4 + 2) * VS + key] = __float2bfloat16_rn(vv.z);
-      Vt[(c4 * 4 + 3) * VS + key] = __float2bfloat16_rn(vv.w);
+      if constexpr (F16) {
+        Vt[(c4 * 4 + 0) * VS + key] = __float2half_rn(vv.x);
+        Vt[(c4 * 4 + 1) * VS + key] = __float2half_rn(vv.y);
+        Vt[(c4 * 4 + 2) * VS + key] = __float2half_rn(vv.z);
+        Vt[(c4 * 4 + 3) * VS + key] = __float2half_rn(vv.w);
+      } else {
+        Vt[(c4 * 4 + 0) * VS + key] = __float2bfloat16_rn(vv.x);
+        Vt[(c4 * 4 + 1) * VS + key] = __float2bfloat16_rn(vv.y);
+        Vt[(c4 * 4 + 2) * VS + key] = __float2bfloat16_rn(vv.z);
+        Vt[(c4 * 4 + 3) * VS + key] = __float2bfloat16_rn(vv.w);
+      }
     }
     __syncthreads();
     if (kb > whi || kb + kFaN - 1 < wlo) continue;  // no row of this warp sees these keys
@@ -886,15 +912,18 @@ __global__ void __launch_bounds__(128)
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-      const uint32_t a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-      const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      const uint32_t a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      auto pk = [](float a, float b) { return F16 ? pack_f16(a, b) : pack_bf16(a, b); };
+      const uint32_t a0 = pk(s[2 * kk][0], s[2 * kk][1]);
+      const uint32_t a1 = pk(s[2 * kk][2], s[2 * kk][3]);
+      const uint32_t a2 = pk(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      const uint32_t a3 = pk(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
       for (int n = 0; n < NO; ++n) {
-        const __nv_bfloat16* vp = Vt + (n * 8 + g) * VS + kk * 16 + 2 * tq;
-        mma_bf16(o[n], a0, a1, a2, a3, *reinterpret_cast<const uint32_t*>(vp),
-                 *reinterpret_cast<const uint32_t*>(vp + 8));
+        const VT* vp = Vt + (n * 8 + g) * VS + kk * 16 + 2 * tq;
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vp),
+                       b1 = *reinterpret_cast<const uint32_t*>(vp + 8);
+        if constexpr (F16) mma_f16(o[n], a0, a1, a2, a3, b0, b1);
+        else mma_bf16(o[n], a0, a1, a2, a3, b0, b1);
       }
     }
   }
@@ -1333,6 +1362,7 @@ bool g_pdl = false;  // programmatic dependent launch: sm_90 and up, unless DORY
 // only when g_tc_float (set_tc_float_inputs).
 bool g_tc = true, g_tc_float = false;
 bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: off)
+bool g_flash_f16 = false;  // its P V in fp16 (DORY_CUDA_FLASH_F16=1)
 constexpr int kTcMinT = 16;
 
 // Every kernel goes through here: on the backend's stream, with programmatic dependent launch
@@ -1468,6 +1498,12 @@ void set_stream(void* s) {
   g_tc = major >= 8 && !(tc && std::string(tc) == "0");
   const char* fl = std::getenv("DORY_CUDA_FLASH");
   g_flash = !(fl && std::string(fl) == "0");
+  const char* f16 = std::getenv("DORY_CUDA_FLASH_F16");
+  g_flash_f16 = f16 && std::string(f16) == "1";
+}
+
+void set_flash_f16(bool on) {
+  g_flash_f16 = on;
 }
 
 void set_tc_float_inputs(bool on) {
@@ -1756,17 +1792,17 @@ void attention_decode(float* q, const float* k, const float* v, const float* q_s
          nk, hd, S, out, part, counters, fa);
 }
 
-template <int HD>
+template <int HD, bool F16>
 void flash_launch(const float* q, const AttnRow* rows, int T, int nh, int nk, float* out) {
   constexpr size_t smem = ((kFaM + kFaN) * (HD + 8) + HD * (kFaN + 8)) * 2;
   static bool raised = false;  // the block's shared memory over 48 KB needs an opt-in
   if (!raised) {
     const cudaError_t e = cudaFuncSetAttribute(
-        k_flash_attn<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        k_flash_attn<HD, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) throw Error(std::string("CUDA: flash attention: ") + cudaGetErrorString(e));
     raised = true;
   }
-  launch("flash attention", k_flash_attn<HD>, dim3((T + kFaM - 1) / kFaM, nh), dim3(128), smem, q,
+  launch("flash attention", k_flash_attn<HD, F16>, dim3((T + kFaM - 1) / kFaM, nh), dim3(128), smem, q,
          rows, T, nh, nk, out);
 }
 
@@ -1774,12 +1810,17 @@ bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk,
                      float* out) {
   if (!g_tc || !g_flash || !g_tc_float || T < kTcMinT) return false;
   prof_mark("attention (tensor cores)");
+  auto go = [&](auto hdc) {
+    constexpr int H = decltype(hdc)::value;
+    if (g_flash_f16) flash_launch<H, true>(q, rows, T, nh, nk, out);
+    else flash_launch<H, false>(q, rows, T, nh, nk, out);
+  };
   switch (hd) {
-    case 16: flash_launch<16>(q, rows, T, nh, nk, out); break;
-    case 32: flash_launch<32>(q, rows, T, nh, nk, out); break;
-    case 64: flash_launch<64>(q, rows, T, nh, nk, out); break;
-    case 128: flash_launch<128>(q, rows, T, nh, nk, out); break;
-    case 256: flash_launch<256>(q, rows, T, nh, nk, out); break;
+    case 16: go(std::integral_constant<int, 16>{}); break;
+    case 32: go(std::integral_constant<int, 32>{}); break;
+    case 64: go(std::integral_constant<int, 64>{}); break;
+    case 128: go(std::integral_constant<int, 128>{}); break;
+    case 256: go(std::integral_constant<int, 256>{}); break;
     default: return false;
   }
   check_last("flash attention");
