@@ -319,6 +319,16 @@ void File::parse_all() {
     for (int k = 0; k < ndim; ++k) t.shape.push_back(u32le(r + 8 + 4 * k));
     for (int k = ndim; k < 6; ++k)
       if (u32le(r + 8 + 4 * k) != 0) throw bad(who + ": an unused dimension is not 0");
+    {
+      // Element counts (and the byte counts made from them) stay far inside int64: no file
+      // holds 2^48 elements.
+      int64_t n = 1;
+      for (int64_t dim : t.shape) {
+        if (dim != 0 && n > (int64_t(1) << 48) / dim)
+          throw bad(who + ": shape " + shape_str(t.shape) + " has more elements than any file holds");
+        n *= dim;
+      }
+    }
     t.off = u64le(r + 32);
     t.nbytes = u64le(r + 40);
     t.hash = u64le(r + 48);
