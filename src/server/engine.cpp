@@ -337,32 +337,38 @@ void Engine::finish(Slot& s, const std::string& reason) {
   const auto now = Clock::now();
   s.result.finish_reason = reason;
   s.result.gen_ms = s.decoding ? ms_between(s.t_prompt_done, now) : 0;
-  s.job->push({JobEvent::Kind::Done, {}, s.result});
-  s.job.reset();
+  // The slot is idle in the stats before the answer goes out: a client that asks /health
+  // right after its response sees it so.
+  const std::shared_ptr<Job> job = std::move(s.job);
   s.text.reset();
   s.decoding = false;
   s.last_used = ++use_counter_;
-  std::lock_guard<std::mutex> lk(mu_);
-  --stats_.busy;
-  if (reason == "cancelled")
-    ++stats_.jobs_cancelled;
-  else
-    ++stats_.jobs_done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    --stats_.busy;
+    if (reason == "cancelled")
+      ++stats_.jobs_cancelled;
+    else
+      ++stats_.jobs_done;
+  }
+  job->push({JobEvent::Kind::Done, {}, s.result});
 }
 
 void Engine::fail(Slot& s, const std::string& message) {
   JobEvent e{JobEvent::Kind::Error, message, s.result};
   e.result.finish_reason = "error";
-  s.job->push(std::move(e));
-  s.job.reset();
+  const std::shared_ptr<Job> job = std::move(s.job);
   s.text.reset();
   s.decoding = false;
   // The cache may hold half a step: start this slot over.
   s.seq->reset();
   s.last_used = ++use_counter_;
-  std::lock_guard<std::mutex> lk(mu_);
-  --stats_.busy;
-  ++stats_.jobs_done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    --stats_.busy;
+    ++stats_.jobs_done;
+  }
+  job->push(std::move(e));
 }
 
 }  // namespace dory::server
