@@ -132,7 +132,7 @@ bool mlp_only(const cmf::File& f, const std::string& id, const DoryConfig& c) {
 }  // namespace
 
 DynamicSkills::DynamicSkills(const RunOpts& run, Loaded& l, std::span<const int32_t> prompt)
-    : run_(run), l_(l) {
+    : run_(run) {
   if (!run.skill.empty() && run.skill != "auto")
     throw Error("--skill-dynamic picks the skill itself: leave out --skill " + run.skill);
   const cmf::File* f = l.model->weights().cmf.get();

@@ -64,13 +64,11 @@ class DynamicSkills {
   void attach(Session& s) const;
   // After each generated token's pass (GenerateParams::after_token).
   void after_token(Session& s);
-  const std::string& active() const { return active_; }
 
  private:
   void decide(Session* s, const char* when);
   std::shared_ptr<Backend> engine(const std::string& id);
   const RunOpts& run_;
-  const Loaded& l_;
   std::vector<std::string> ids_;
   std::vector<const cmf::Selection*> sel_;  // the candidates' routers, in ids_ order
   int layer_ = -1;

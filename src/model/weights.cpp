@@ -452,7 +452,7 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
   // The file's bytes of a tensor copied into repacked / decoded are not read again: out of the
   // RSS as soon as they are copied (the mapping stays), so the peak stays near one copy. The
   // embedding of a q8_2f file is read again below (its decoded copy): released at the end.
-  std::vector<const cmf::Tensor*> copied;
+  const cmf::Tensor* release_later = nullptr;
   auto release = [&](const cmf::Tensor* t) {
     if (w->cmf) w->cmf->release(*t);
     for (const auto& f : w->cmf_shards) f->release(*t);
@@ -503,23 +503,19 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
       v.dtype = DType::Q8_0;
       v.data = q.data();
       col_scales[name] = col.data();
-      copied.push_back(t);
     } else if (DType bt; repack_groups(*t, w->repacked, bt)) {
       v.dtype = bt;
       v.data = w->repacked.back().data();
-      copied.push_back(t);
     } else {
       w->decoded.emplace_back(static_cast<size_t>(t->numel()));
       cmf::dequantize(*t, w->decoded.back().data());
-      copied.push_back(t);
       v.dtype = DType::F32;
       v.data = w->decoded.back().data();
     }
     views.push_back(v);
-    if (!copied.empty() && copied.back() == t &&
-        !(t->dtype == cmf::kQ8_2f && name == "backbone.embeddings.weight")) {
-      release(t);
-      copied.pop_back();
+    if (v.data != t->data) {  // copied, not read in place
+      if (t->dtype == cmf::kQ8_2f && name == "backbone.embeddings.weight") release_later = t;
+      else release(t);
     }
   }
   if (!missing.empty())
@@ -542,7 +538,7 @@ std::unique_ptr<Weights> load_cmf_weights(const std::string& path, const std::st
     w->embd.dtype = DType::F32;
     w->embd.data = e.data();
   }
-  for (const cmf::Tensor* t : copied) release(t);
+  if (release_later) release(release_later);
   return w;
 }
 
