@@ -470,6 +470,9 @@ LOOP_STAGES = {
     "no1": [(0.0, {2: 1}), (0.2, {2: 4, 3: 3}), (0.45, {2: 4, 3: 3, 4: 5})],
     # As no1, with more of the last stage at four loops (so four passes are not worse than two).
     "deep2": [(0.0, {2: 1}), (0.2, {2: 4, 3: 3}), (0.45, {2: 3, 3: 3, 4: 6})],
+    # Past four: the last stage draws 2-6 passes with four the likeliest, so four sits inside
+    # the trained range instead of at its edge (the iteration has to stay good past it).
+    "deep4": [(0.0, {2: 1}), (0.15, {2: 3, 3: 3, 4: 2}), (0.4, {2: 2, 3: 2, 4: 3, 5: 2, 6: 1})],
 }
 
 
@@ -503,6 +506,8 @@ def main():
     ap.add_argument("--eval-rows", type=int, default=24, help="held-out rows of 1,024 tokens per evaluation")
     ap.add_argument("--ratio-weight", type=float, default=2.0,
                     help="weight of the 2-over-1 loop gain (nats) when the kept checkpoint is chosen")
+    ap.add_argument("--deep-weight", type=float, default=1.0,
+                    help="weight in the kept checkpoint's score of 4 loops' held-out loss above 2 loops'")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--vocab", type=int, default=4096)
     args = ap.parse_args()
@@ -630,7 +635,7 @@ def main():
             # Keep the checkpoint that best trades held-out loss for retrieval (a pass
             # key found is worth 0.5 nats of loss) and for what the loops add: the gain of
             # 2 loops over 1 counts --ratio-weight times, 4 loops worse than 2 is a cost.
-            score = vl - 0.5 * pk + args.ratio_weight * (vl - vl1) + max(0.0, vl4 - vl)
+            score = vl - 0.5 * pk + args.ratio_weight * (vl - vl1) + args.deep_weight * max(0.0, vl4 - vl)
             history.append({"step": step + 1, "train_loss": loss.item(), "val_loss": vl,
                             "val_loss_loops1": vl1, "val_loss_loops4": vl4, "passkey_1024": pk,
                             "score": score})

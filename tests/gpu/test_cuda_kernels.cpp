@@ -10,7 +10,9 @@
 //     full and sliding windows, ring caches, rows not starting at 0, against a double
 //     softmax: the CUDA-core kernel in float (tight), flash with q, k, v rounded to bf16 as
 //     it rounds them and P rounded to bf16 in its products (bound below), and flash with P
-//     and V in fp16 (cuda::set_flash_f16, DORY_CUDA_FLASH_F16=1).
+//     and V in fp16 (cuda::set_flash_f16, DORY_CUDA_FLASH_F16=1);
+//   - the int8 decode fusions: a product whose input's norm comes from a sum (in_sum), and
+//     swiglu_quant (swiglu, the int8 quants of the result, its sum of squares).
 // Exit 0: all within bounds; 1: a failure (each case prints its error); 77: no CUDA device
 // (ctest lists the test as skipped). Run: build/test_cuda_kernels (ctest -L gpu).
 #include <cuda_runtime.h>
@@ -153,6 +155,99 @@ void product_case(DType t, int64_t rows, int64_t cols, int T, std::mt19937& rng)
   cudaFree(dx), cudaFree(dy), cudaFree(scratch), cudaFree(const_cast<void*>(m.data));
 }
 
+// Decode into an int8 product with the input's norm still to be taken (LinJob::in_sum): the
+// product quantizes the un-normalised row and scales its sums by 1 / sqrt(sum x^2 + 1e-6).
+// Reference: the row normalised first, then quantized (the CPU's order). The quants are the
+// same (int8 quantization is scale-invariant) except where x / d lies within float rounding of
+// a half step, where one quant moves by one: ~1/127 of one of 256-1024 terms, so the bound is
+// 1e-3 of sum |w x| rather than the plain products' 1e-4.
+void decode_norm_case(DType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  std::vector<float> w(rows * cols), x(cols);
+  for (float& v : w) v = N(rng) * 0.05f;
+  double ss = 0;
+  for (float& v : x) v = N(rng) * 7.3f, ss += static_cast<double>(v) * v;
+  std::vector<uint8_t> blocks(row_bytes(t, cols) * rows);
+  for (int64_t r = 0; r < rows; ++r) quantize_row(t, w.data() + r * cols, blocks.data() + r * row_bytes(t, cols), cols);
+  std::vector<float> wd(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) dequantize_row(t, blocks.data() + r * row_bytes(t, cols), wd.data() + r * cols, cols);
+  const cuda::DevMat m = upload_mat(t, blocks, rows, cols);
+  const int B = dtype_block_elems(t) == 256 ? 256 : 32;
+  float* dx = up(x);
+  std::vector<float> zeros(rows, 0.0f);
+  float* dy = up(zeros);
+  std::vector<uint8_t> scratch_h(cols * 4 + 1024);
+  void* scratch = up(scratch_h);
+  double* dsum = up(std::vector<double>{ss});
+  cuda::linear(m, dx, 1, dy, B == 256 ? cuda::Act::Block256 : cuda::Act::Block32, scratch, false, dsum);
+  const std::vector<float> y = down(dy, rows);
+  std::vector<float> xn(cols), xq;
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss + 1e-6));
+  for (int64_t c = 0; c < cols; ++c) xn[c] = x[c] * inv;
+  quant_blocks(xn.data(), cols, B, xq);
+  double worst = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double s = 0, a = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      s += static_cast<double>(wd[r * cols + c]) * xq[c];
+      a += std::fabs(static_cast<double>(wd[r * cols + c]) * xq[c]);
+    }
+    worst = std::max(worst, std::fabs(y[r] - s) / std::max(a, 1e-30));
+  }
+  char what[128];
+  std::snprintf(what, sizeof what, "linear %s %lldx%lld, decode, norm from the sum", dtype_name(t),
+                (long long)rows, (long long)cols);
+  report(what, worst, 1e-3);
+  cudaFree(dx), cudaFree(dy), cudaFree(scratch), cudaFree(dsum), cudaFree(const_cast<void*>(m.data));
+}
+
+// swiglu_quant: v = silu(g sg) (u su) in float as the kernel computes it, its quants and block
+// scales exactly the host quantization of the v the kernel wrote, the sum of squares to
+// double rounding.
+void swiglu_quant_case(int64_t f, int B, std::mt19937& rng) {
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  std::vector<float> g(f), u(f), sg(f), su(f);
+  for (int64_t i = 0; i < f; ++i) g[i] = N(rng) * 2, u[i] = N(rng), sg[i] = 1 + 0.3f * N(rng), su[i] = 1 + 0.3f * N(rng);
+  float *dg = up(g), *du = up(u), *dsg = up(sg), *dsu = up(su);
+  std::vector<int8_t> q0(f, 0);
+  std::vector<float> d0(f / B, 0.0f);
+  int8_t* dq = up(q0);
+  float* dd = up(d0);
+  double* dsum = up(std::vector<double>{0.0});
+  cuda::swiglu_quant(dg, du, dsg, dsu, f, {B, dq, dd}, dsum);
+  const std::vector<float> v = down(dg, f);
+  const std::vector<int8_t> q = down(dq, f);
+  const std::vector<float> d = down(dd, f / B);
+  const double sum = down(dsum, 1)[0];
+  double ev = 0, ss = 0;
+  for (int64_t i = 0; i < f; ++i) {
+    const float a = g[i] * sg[i];
+    const double ref = static_cast<double>(a) / (1.0 + std::exp(-static_cast<double>(a))) * (u[i] * su[i]);
+    ev = std::max(ev, std::fabs(v[i] - ref) / (std::fabs(ref) + 1e-3));
+    ss += static_cast<double>(v[i]) * v[i];
+  }
+  int64_t qbad = 0;
+  for (int64_t b = 0; b < f / B; ++b) {
+    float amax = 0;
+    for (int j = 0; j < B; ++j) amax = std::max(amax, std::fabs(v[b * B + j]));
+    const float dref = amax / 127.0f, id = dref != 0 ? 1.0f / dref : 0.0f;
+    if (d[b] != dref) ++qbad;
+    for (int j = 0; j < B; ++j) {
+      int qi = static_cast<int>(std::nearbyint(v[b * B + j] * id));
+      qi = std::min(127, std::max(-127, qi));
+      if (q[b * B + j] != qi) ++qbad;
+    }
+  }
+  char what[128];
+  std::snprintf(what, sizeof what, "swiglu_quant %lld wide, blocks of %d: values", (long long)f, B);
+  report(what, ev, 1e-5);  // expf against exp: a few float ulps
+  std::snprintf(what, sizeof what, "swiglu_quant %lld wide, blocks of %d: quants, scales differing", (long long)f, B);
+  report(what, static_cast<double>(qbad), 0);
+  std::snprintf(what, sizeof what, "swiglu_quant %lld wide, blocks of %d: sum of squares", (long long)f, B);
+  report(what, std::fabs(sum - ss) / ss, 1e-12);
+  cudaFree(dg), cudaFree(du), cudaFree(dsg), cudaFree(dsu), cudaFree(dq), cudaFree(dd), cudaFree(dsum);
+}
+
 // ---- attention ----
 
 struct AttnCase {
@@ -286,6 +381,10 @@ int main() {
     for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
       for (int T : {1, 3, 9})
         for (int64_t cols : {256, 1024}) product_case(t, 300, cols, T, rng);
+    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
+      for (int64_t cols : {256, 1024}) decode_norm_case(t, 300, cols, rng);
+    for (int B : {32, 256}) swiglu_quant_case(9728, B, rng);
+    swiglu_quant_case(768, 256, rng);
     for (int T : {1, 5, 16, 40, 130}) product_case(DType::BF16, 300, 512, T, rng);
     product_case(DType::BF16, 1000, 2560, 100, rng);
     std::printf("attention\n");

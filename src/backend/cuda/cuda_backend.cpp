@@ -505,8 +505,11 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
   const int prof = L.rope_profile;
   const int rd = static_cast<int>(c.rotary_dims(prof));
   const double theta = prof == 1 ? c.rope_theta : c.rope_theta_2;
-  // Decode into a BF16/F16 o product: the gate in the attention launch, the norm in the product.
-  double* gsum = fuse_ && T == 1 && cuda::half_decode(L.wo) ? next_sum() : nullptr;
+  // Decode: the gate in the attention launch, the norm in the o product (BF16/F16 in its loads,
+  // the int8 types from the sum after quantizing the un-normalised row: gate_norm's launch goes).
+  double* gsum = fuse_ && T == 1 && (cuda::half_decode(L.wo) || cuda::int8_decode(L.wo))
+                     ? next_sum()
+                     : nullptr;
   if (fuse_ && T == 1) {
     cuda::attention_decode(q_.f(), k_.f(), v_.f(), L.q_scale, dr, nh, nk, hd, rd / 2, theta, rd,
                            att_.f(), part_.f(), static_cast<int*>(cnt_.get()), g_.f(),
@@ -538,6 +541,16 @@ void CudaBackend::mlp_layer(const Layer& L, const cuda::DevMat* next) {
     cuda::linear_swiglu(L.w_gate, L.w_up, x_.f(), ffg_.f(), L.suv_gate, L.suv_up, sum,
                         act_for(L.w_gate, bf16_input_));
     written(ffg_.f());
+    cuda::prof_label("mlp down");
+    lin(L.w_down, ffg_.f(), T, out_.f(), sum);
+  } else if (fuse_ && T == 1 && cuda::int8_decode(L.w_down) && !L.w_down.col_scale) {
+    // Int8 decode: swiglu and the down product's quantizing in one many-block launch, the
+    // norm in down's epilogue (quantization is scale-invariant): swiglu_norm's one-block pass
+    // goes.
+    lin_multi({L.w_gate, L.w_up}, {ffg_.f(), ffu_.f()}, x_.f(), T);
+    double* sum = next_sum();
+    cuda::swiglu_quant(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, c.ffn,
+                       quant_for(&L.w_down, ffg_.f(), T), sum);
     cuda::prof_label("mlp down");
     lin(L.w_down, ffg_.f(), T, out_.f(), sum);
   } else {

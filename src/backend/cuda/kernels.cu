@@ -135,8 +135,9 @@ struct LinJob {
   float* y[4] = {};
   int64_t rows[4] = {};
   int64_t wend[4] = {};  // running totals of warps (groups of R rows)
-  // BF16/F16 only (k_lin_half): the input's sum of squares, its norm still to be taken; the
-  // gate/up pair's swiglu scales and the sum its outputs' squares go to.
+  // Decode (one input row): the input's sum of squares, its norm still to be taken (BF16/F16:
+  // k_lin_half scales its loads; int8: store_rows scales the sums); the BF16/F16 gate/up
+  // pair's swiglu scales and the sum its outputs' squares go to.
   const double* in_sum = nullptr;
   const float* sg = nullptr;
   const float* su = nullptr;
@@ -156,16 +157,22 @@ __device__ __forceinline__ bool job_rows(const LinJob& job, int R, int64_t gw, i
 }
 
 // A product's epilogue: each of the warp's R rows x NT inputs summed over the lanes, lane 0
-// writing the rows that exist.
+// writing the rows that exist. The int8 products' job.in_sum (decode, one input row): the
+// input was quantized before its norm was taken, and int8 quantization is scale-invariant
+// (the quants of c x are those of x, the block scales c times theirs), so the product of the
+// normalised input is this sum times 1 / sqrt(sum x^2 + 1e-6). (k_lin_half scales its loads
+// instead and passes no in_sum here.)
 template <int R, int NT>
 __device__ __forceinline__ void store_rows(const LinJob& job, float (&acc)[R][NT], int m,
-                                           int64_t r0, int nr, int t0, int nt) {
+                                           int64_t r0, int nr, int t0, int nt,
+                                           const double* in_sum = nullptr) {
   const int lane = threadIdx.x % 32;
+  const float in_scale = in_sum ? static_cast<float>(1.0 / sqrt(*in_sum + 1e-6)) : 1.0f;
 #pragma unroll
   for (int rr = 0; rr < R; ++rr)
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      const float v = warp_sum(acc[rr][j]);
+      const float v = warp_sum(acc[rr][j]) * in_scale;
       if (lane == 0 && rr < nr && j < nt)
         job.y[m][static_cast<int64_t>(t0 + j) * job.rows[m] + r0 + rr] = v;
     }
@@ -272,7 +279,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     }
   }
   if constexpr (!Pair) {
-    store_rows<R, NT>(job, acc, m, r0, nr, t0, nt);
+    store_rows<R, NT>(job, acc, m, r0, nr, t0, nt);  // in_sum already in the loads
     return;
   }
   double ss = 0;
@@ -380,7 +387,7 @@ __global__ void __launch_bounds__(32 * kWarps)
       }
     }
   }
-  store_rows<R, NT>(job, acc, m, r0, nr, t0, nt);
+  store_rows<R, NT>(job, acc, m, r0, nr, t0, nt, job.in_sum);
 }
 
 // Repacked Q4_0: a lane takes a block (16 bytes: quant i in the low nibble of byte i, quant
@@ -455,7 +462,7 @@ __global__ void __launch_bounds__(32 * kWarps)
       }
     }
   }
-  store_rows<R, NT>(job, acc, m, r0, nr, t0, nt);
+  store_rows<R, NT>(job, acc, m, r0, nr, t0, nt, job.in_sum);
 }
 
 // The K types with 16-byte loads. Q4_K (144-byte super-blocks: d, dmin, 12 bytes of 6-bit
@@ -613,7 +620,7 @@ __global__ void __launch_bounds__(32 * kWarps)
       }
     }
   }
-  store_rows<R, NT>(job, acc, m, r0, nr, t0, nt);
+  store_rows<R, NT>(job, acc, m, r0, nr, t0, nt, job.in_sum);
 }
 
 // ---- prefill products on tensor cores ----
@@ -1316,6 +1323,33 @@ __global__ void k_swiglu_norm(float* g, const float* u, const float* sg, const f
   block_quant_row(g + o, n, qo, blockIdx.x);
 }
 
+// Decode (one row of f floats) into an int8 down product: a warp a block of qo.B: v =
+// silu(g * sg) * (u * su) written to g, quantized (warp_quant_block) into qo, and its squares
+// added to *sum (zero before): swiglu_norm less the scaling, which the down product takes
+// from the sum (LinJob::in_sum; the quants of v and of v / |v| are the same). Many blocks
+// where swiglu_norm is one.
+__global__ void k_swiglu_quant(float* g, const float* u, const float* sg, const float* su,
+                               int64_t f, QOut qo, double* sum) {
+  pdl_launch();
+  pdl_wait();
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (b * qo.B >= f) return;
+  const int lane = threadIdx.x % 32;
+  float* gb = g + b * qo.B;
+  double ss = 0;
+  for (int j = lane; j < qo.B; j += 32) {
+    const int64_t i = b * qo.B + j;
+    const float a = gb[j] * sg[i];
+    const float v = a * (1.0f / (1.0f + expf(-a))) * (u[i] * su[i]);
+    gb[j] = v;
+    ss += static_cast<double>(v) * v;
+  }
+  __syncwarp();
+  warp_quant_block(gb, qo.B, qo.q + b * qo.B, qo.d + b);
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) atomicAdd(sum, ss);
+}
+
 // out[i] = x[i] * s[i % n] (in place when out is x): the logit scale, a q8_2f input's columns.
 __global__ void k_scale_cols(const float* x, const float* s, int64_t total, int64_t n, float* out) {
   pdl_launch();
@@ -1617,8 +1651,8 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
   job.cols = cols;
   job.n = n;
   job.in_sum = in_sum;
-  if (in_sum && !(half && T == 1))
-    throw Error("linear: an input normalised in the product is for BF16/F16 decode rows only");
+  if (in_sum && !((half || quant) && T == 1))
+    throw Error("linear: an input normalised in the product is for BF16/F16 and int8 decode rows only");
   int64_t warps = 0;
   uint64_t bytes = 0;
   for (int i = 0; i < n; ++i) {
@@ -1838,6 +1872,22 @@ void swiglu_norm(float* g, const float* u, const float* sg, const float* su, int
   prof_mark("swiglu_norm");
   launch("swiglu_norm", k_swiglu_norm, dim3(T), dim3(row_threads(f)), 0, g, u, sg, su, f, qo);
   check_last("swiglu_norm");
+}
+
+void swiglu_quant(float* g, const float* u, const float* sg, const float* su, int64_t f, QOut qo,
+                  double* sum) {
+  if (qo.B != 32 && qo.B != 256) throw Error("swiglu_quant: an int8 block layout is needed");
+  if (f % qo.B) throw Error("swiglu_quant: the width is not a multiple of the block");
+  prof_mark("swiglu_quant");
+  const int64_t blocks = f / qo.B;
+  launch("swiglu_quant", k_swiglu_quant, dim3(static_cast<unsigned>((blocks + 7) / 8)), dim3(256), 0,
+         g, u, sg, su, f, qo, sum);
+  check_last("swiglu_quant");
+}
+
+bool int8_decode(const DevMat& w) {
+  return w.dtype == kQ8_0 || w.dtype == kQ4_0 || w.dtype == kQ4_K || w.dtype == kQ5_K ||
+         w.dtype == kQ6_K;
 }
 
 void scale_input(const float* x, const float* col, int T, int64_t cols, float* out) {

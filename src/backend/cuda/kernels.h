@@ -60,8 +60,9 @@ void set_tc_float_inputs(bool on);
 // the product's own loads; Block32/Block256 quantize the input to int8 and a float scale per
 // block into `scratch` (T x cols x 4 bytes is enough) and the product takes integer dot
 // products (dp4a) of those with the weights' quants, as the CPU's integer kernels do.
-// in_sum (BF16/F16 weights, T = 1 only): x is a row still to be normalised, sum x^2 at
-// in_sum; the product takes x / sqrt(sum + 1e-6) (normalize_rows' function) in its loads.
+// in_sum (T = 1 only; BF16/F16 and the int8 types): x is a row still to be normalised, sum x^2
+// at in_sum; the product takes x / sqrt(sum + 1e-6) (normalize_rows' function): BF16/F16 in
+// its loads, the int8 types by scaling the sums (quantization is scale-invariant).
 void linear(const DevMat& w, const float* x, int T, float* y, Act act = Act::Float,
             void* scratch = nullptr, bool x_ready = false, const double* in_sum = nullptr);
 // Whether w takes the decode fusions (in_sum, linear_swiglu): BF16/F16, width a multiple of 8.
@@ -124,6 +125,14 @@ void gate_norm(float* y, const float* g, const float* gate_scale, int T, int64_t
 // g <- n(silu(g * sg) * (u * su)) over each row of f floats (silu(a) = a * sigmoid(a)).
 void swiglu_norm(float* g, const float* u, const float* sg, const float* su, int T, int64_t f,
                  QOut qo = {});
+// Decode (one row of f floats) into an int8 product: g <- silu(g * sg) * (u * su), quantized
+// into qo (B = 32 or 256, f a multiple of B), its squares added to *sum (zero before):
+// swiglu_norm less the scaling, which the down product takes through in_sum. Many blocks.
+void swiglu_quant(float* g, const float* u, const float* sg, const float* su, int64_t f, QOut qo,
+                  double* sum);
+// Whether w is an int8 product's type (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K): decode rows of these
+// take in_sum too.
+bool int8_decode(const DevMat& w);
 // out[t*cols + c] = x[t*cols + c] * col[c] (a q8_2f matrix's input).
 void scale_input(const float* x, const float* col, int T, int64_t cols, float* out);
 // logits[t*V + i] *= scale[i].
