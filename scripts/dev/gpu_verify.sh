@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The shortest device call that checks a round of kernel work: the kernel test, the GPU tests,
-# then Q4_K_M and Q8_0 decode on the 4B shape with the decode fusions on and off, alternated.
+# then Q4_K_M and Q8_0 decode on the 4B shape with the decode fusions on and off, alternated,
+# and Q8_0 prompts with int8 tensor cores on and off.
 # Everything to $OUT/verify.txt as it comes (a call cut short still returns what it measured).
 set -uo pipefail
 OUT=${OUT:-/tmp}
@@ -23,5 +24,8 @@ done
 build/dory quantize /tmp/dory4b /tmp/q8.gguf --type q8_0 -q
 for f in 1 0; do
   echo "fuse=$f $(DORY_CUDA_FUSE=$f build/dory bench --device cuda -m /tmp/q8.gguf -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg[0-9]')" | tee -a $L
+done
+for v in 1 0 1 0; do
+  echo "tc_int8=$v $(DORY_CUDA_TC_INT8=$v build/dory bench --device cuda -m /tmp/q8.gguf -p 512 -n 0 -r 1 2>&1 | grep -E '\| pp[0-9]')" | tee -a $L
 done
 stamp done

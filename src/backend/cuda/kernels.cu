@@ -1395,6 +1395,8 @@ bool g_pdl = false;  // programmatic dependent launch: sm_90 and up, unless DORY
 // take bf16-rounded inputs; with float inputs asked for (DORY_BF16_INPUT=float) they are used
 // only when g_tc_float (set_tc_float_inputs).
 bool g_tc = true, g_tc_float = false;
+// Prompts' Q8_0 / Q4_0 products on int8 tensor cores (k_lin_tc8; DORY_CUDA_TC_INT8=0: dp4a).
+bool g_tc_int8 = true;
 bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: off)
 bool g_flash_f16 = false;  // its P V in fp16 (DORY_CUDA_FLASH_F16=1)
 constexpr int kTcMinT = 16;
@@ -1530,6 +1532,8 @@ void set_stream(void* s) {
   g_pdl = major >= 9 && !(e && std::string(e) == "0");
   const char* tc = std::getenv("DORY_CUDA_TC");
   g_tc = major >= 8 && !(tc && std::string(tc) == "0");
+  const char* t8 = std::getenv("DORY_CUDA_TC_INT8");
+  g_tc_int8 = !(t8 && std::string(t8) == "0");
   const char* fl = std::getenv("DORY_CUDA_FLASH");
   g_flash = !(fl && std::string(fl) == "0");
   const char* f16 = std::getenv("DORY_CUDA_FLASH_F16");
@@ -1568,6 +1572,149 @@ void repack_blocks(int dtype, const void* src, int64_t rows, int64_t cols, void*
   }
 }
 
+// Int8 tensor cores for repacked Q8_0 / Q4_0 weights (prompts, 16 input rows and more): the
+// CPU's integer function (kernels above): per 32-column block, the int8 input's quants against
+// the weights' quants summed exactly (mma.sync m16n8k32, s8 x s8 -> s32), then scaled by the
+// block's two scales into float accumulators. Tiles as k_lin_tc: BM input rows x 128 weight
+// rows, 8 warps (2 x 4), one quant block (32 columns) a pipeline stage, 4 stages of cp.async.
+// Shared rows padded to 48 bytes, so the fragments' 32-bit loads hit 32 distinct banks. Q4_0's
+// 16 bytes a block hold quant i in byte i's low nibble and i + 16 in its high one, which is
+// exactly the split of an m16n8k32 B fragment (k = 4 tq + i and 16 + 4 tq + i): one 32-bit
+// load gives both registers, less 8 a byte (__vsub4).
+// Fragments (PTX ISA, m16n8k32 .s8): a0 = A[g][4tq..], a1 = A[g+8][4tq..], a2 = A[g][16+4tq..],
+// a3 = A[g+8][16+4tq..]; b0 = B[4tq..][g], b1 = B[16+4tq..][g]; c0, c1 = C[g][2tq, 2tq+1],
+// c2, c3 = C[g+8][2tq, 2tq+1].
+constexpr int kTc8Stages = 4, kTc8Ld = 48;
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                       uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+template <int DT, int BM>
+__global__ void __launch_bounds__(256)
+    k_lin_tc8(LinJob job, const int8_t* __restrict__ xq, const float* __restrict__ xd, int T) {
+  constexpr int MT = BM / 32;
+  constexpr int WB = DT == kQ8_0 ? 32 : 16;  // weight bytes a block
+  extern __shared__ __align__(16) unsigned char tc_smem[];
+  int8_t* As = reinterpret_cast<int8_t*>(tc_smem);                       // [stage][BM][kTc8Ld]
+  uint8_t* Bs = reinterpret_cast<uint8_t*>(As + kTc8Stages * BM * kTc8Ld);  // [stage][kTcN][kTc8Ld]
+  float* Ad = reinterpret_cast<float*>(Bs + kTc8Stages * kTcN * kTc8Ld);   // [stage][BM]
+  float* Bd = Ad + kTc8Stages * BM;                                        // [stage][kTcN]
+  const int64_t tile = blockIdx.x;
+  int m = 0;
+  while (tile >= job.wend[m]) ++m;
+  const int64_t r0 = (tile - (m ? job.wend[m - 1] : 0)) * kTcN, rows = job.rows[m];
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * BM, cols = job.cols, nb = cols / 32;
+  const uint8_t* W = job.w[m];
+  const __half* Wd = reinterpret_cast<const __half*>(job.sc[m]);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  const int wm = warp / 4, wn = warp % 4;
+  auto load = [&](int stage, int64_t kb) {
+    int8_t* a = As + stage * BM * kTc8Ld;
+    uint8_t* b = Bs + stage * kTcN * kTc8Ld;
+    for (int i = tid; i < BM * 2; i += 256) {
+      const int rr = i / 2, c = i % 2;
+      const bool ok = kb < nb && t0 + rr < T;
+      cp_async16(a + rr * kTc8Ld + c * 16, ok ? xq + (t0 + rr) * cols + kb * 32 + c * 16 : xq, ok);
+    }
+    for (int i = tid; i < kTcN * (WB / 16); i += 256) {
+      const int rr = i / (WB / 16), c = i % (WB / 16);
+      const bool ok = kb < nb && r0 + rr < rows;
+      cp_async16(b + rr * kTc8Ld + c * 16, ok ? W + (r0 + rr) * nb * WB + kb * WB + c * 16 : W, ok);
+    }
+    // The scales: plain loads (a float or half a row), visible after the barrier that comes
+    // before this stage is read.
+    for (int i = tid; i < BM + kTcN; i += 256) {
+      if (i < BM) {
+        const bool ok = kb < nb && t0 + i < T;
+        Ad[stage * BM + i] = ok ? xd[(t0 + i) * nb + kb] : 0.0f;
+      } else {
+        const int rr = i - BM;
+        const bool ok = kb < nb && r0 + rr < rows;
+        Bd[stage * kTcN + rr] = ok ? __half2float(Wd[(r0 + rr) * nb + kb]) : 0.0f;
+      }
+    }
+  };
+  pdl_launch();
+  pdl_wait();
+#pragma unroll
+  for (int st = 0; st < kTc8Stages - 1; ++st) {
+    load(st, st);
+    cp_async_commit();
+  }
+  float acc[MT][4][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+  for (int64_t kb = 0; kb < nb; ++kb) {
+    cp_async_wait<kTc8Stages - 2>();
+    __syncthreads();  // block kb is in; every warp is done with the stage refilled next
+    load(static_cast<int>((kb + kTc8Stages - 1) % kTc8Stages), kb + kTc8Stages - 1);
+    cp_async_commit();
+    const int st = static_cast<int>(kb % kTc8Stages);
+    const int8_t* a = As + st * BM * kTc8Ld + (wm * (BM / 2) + g) * kTc8Ld + 4 * tq;
+    const uint8_t* b = Bs + st * kTcN * kTc8Ld + (wn * 32 + g) * kTc8Ld + 4 * tq;
+    const float* ad = Ad + st * BM + wm * (BM / 2) + g;
+    const float* bd = Bd + st * kTcN + wn * 32 + 2 * tq;
+    uint32_t bf[4][2];
+    float sw[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (DT == kQ8_0) {
+        bf[j][0] = *reinterpret_cast<const uint32_t*>(b + j * 8 * kTc8Ld);
+        bf[j][1] = *reinterpret_cast<const uint32_t*>(b + j * 8 * kTc8Ld + 16);
+      } else {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(b + j * 8 * kTc8Ld);
+        bf[j][0] = __vsub4(w & 0x0F0F0F0Fu, 0x08080808u);
+        bf[j][1] = __vsub4((w >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+      }
+      sw[j][0] = bd[j * 8], sw[j][1] = bd[j * 8 + 1];
+    }
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      const int8_t* ai = a + i * 16 * kTc8Ld;
+      const uint32_t a0 = *reinterpret_cast<const uint32_t*>(ai);
+      const uint32_t a1 = *reinterpret_cast<const uint32_t*>(ai + 8 * kTc8Ld);
+      const uint32_t a2 = *reinterpret_cast<const uint32_t*>(ai + 16);
+      const uint32_t a3 = *reinterpret_cast<const uint32_t*>(ai + 8 * kTc8Ld + 16);
+      const float s0 = ad[i * 16], s1 = ad[i * 16 + 8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int c[4] = {0, 0, 0, 0};
+        mma_s8(c, a0, a1, a2, a3, bf[j][0], bf[j][1]);
+        acc[i][j][0] += static_cast<float>(c[0]) * (s0 * sw[j][0]);
+        acc[i][j][1] += static_cast<float>(c[1]) * (s0 * sw[j][1]);
+        acc[i][j][2] += static_cast<float>(c[2]) * (s1 * sw[j][0]);
+        acc[i][j][3] += static_cast<float>(c[3]) * (s1 * sw[j][1]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  float* y = job.y[m];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = r0 + wn * 32 + j * 8 + 2 * tq;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int64_t t = t0 + wm * (BM / 2) + i * 16 + g + 8 * hh;
+        if (t >= T) continue;
+        float* yp = y + t * rows + n;
+        if (n < rows) yp[0] = acc[i][j][2 * hh];
+        if (n + 1 < rows) yp[1] = acc[i][j][2 * hh + 1];
+      }
+    }
+}
+
 template <int BM>
 void tc_launch(const LinJob& job, const __nv_bfloat16* xb, int T, int64_t tiles) {
   constexpr size_t smem = static_cast<size_t>(kTcStages) * (BM + kTcN) * kTcLd * 2;
@@ -1580,6 +1727,20 @@ void tc_launch(const LinJob& job, const __nv_bfloat16* xb, int T, int64_t tiles)
   }
   launch("linear", k_lin_tc<BM>, dim3(static_cast<unsigned>(tiles), (T + BM - 1) / BM), dim3(256),
          smem, job, xb, T);
+}
+
+template <int DT, int BM>
+void tc8_launch(const LinJob& job, const int8_t* q, const float* d, int T, int64_t tiles) {
+  constexpr size_t smem = static_cast<size_t>(kTc8Stages) * (BM + kTcN) * (kTc8Ld + 4);
+  static bool raised = false;  // over 48 KB of shared memory needs an opt-in
+  if (!raised) {
+    const cudaError_t e = cudaFuncSetAttribute(k_lin_tc8<DT, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+    if (e != cudaSuccess) throw Error(std::string("CUDA: int8 tensor-core product: ") + cudaGetErrorString(e));
+    raised = true;
+  }
+  launch("linear", k_lin_tc8<DT, BM>, dim3(static_cast<unsigned>(tiles), (T + BM - 1) / BM), dim3(256),
+         smem, job, q, d, T);
 }
 
 void repack_q6_k(const void* src, int64_t rows, int64_t cols, void* dst) {
@@ -1699,6 +1860,21 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
              0, x, blocks, B, q, d);
     }
     prof_mark(g_label ? g_label : "linear", bytes);
+    if ((t == kQ8_0 || t == kQ4_0) && g_tc && g_tc_int8 && T >= kTcMinT) {
+      int64_t tiles = 0;
+      for (int i = 0; i < n; ++i) job.wend[i] = tiles += (ws[i].rows + kTcN - 1) / kTcN;
+      const bool big = tiles * ((T + 127) / 128) >= 2 * sms();  // as the BF16 tiles choose
+      if (t == kQ8_0) {
+        if (big) tc8_launch<kQ8_0, 128>(job, q, d, T, tiles);
+        else tc8_launch<kQ8_0, 64>(job, q, d, T, tiles);
+      } else {
+        if (big) tc8_launch<kQ4_0, 128>(job, q, d, T, tiles);
+        else tc8_launch<kQ4_0, 64>(job, q, d, T, tiles);
+      }
+      g_label = nullptr;
+      check_last("linear");
+      return;
+    }
     switch (t) {
       case kQ8_0:
         dispatch<RunQ8>(R, NT, grid, job, static_cast<const int8_t*>(q),
