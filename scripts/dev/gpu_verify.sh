@@ -26,6 +26,8 @@ for f in 1 0; do
   echo "fuse=$f $(DORY_CUDA_FUSE=$f build/dory bench --device cuda -m /tmp/q8.gguf -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg[0-9]')" | tee -a $L
 done
 for v in 1 0 1 0; do
-  echo "tc_int8=$v $(DORY_CUDA_TC_INT8=$v build/dory bench --device cuda -m /tmp/q8.gguf -p 512 -n 0 -r 1 2>&1 | grep -E '\| pp[0-9]')" | tee -a $L
+  for f in q8 q4; do
+    echo "$f tc_int8=$v $(DORY_CUDA_TC_INT8=$v build/dory bench --device cuda -m /tmp/$f.gguf -p 512 -n 0 -r 1 2>&1 | grep -E '\| pp[0-9]')" | tee -a $L
+  done
 done
 stamp done

@@ -11,7 +11,7 @@
 //     softmax: the CUDA-core kernel in float (tight), flash with q, k, v rounded to bf16 as
 //     it rounds them and P rounded to bf16 in its products (bound below), and flash with P
 //     and V in fp16 (cuda::set_flash_f16, DORY_CUDA_FLASH_F16=1);
-//   - Q8_0 / Q4_0 prompts on int8 tensor cores (mma m16n8k32 s8), the same integer sums;
+//   - Q8_0 / Q4_0 / Q4_K prompts on int8 tensor cores (mma m16n8k32 s8), the same integer sums;
 //   - the int8 decode fusions: a product whose input's norm comes from a sum (in_sum), and
 //     swiglu_quant (swiglu, the int8 quants of the result, its sum of squares).
 // Exit 0: all within bounds; 1: a failure (each case prints its error); 77: no CUDA device
@@ -148,7 +148,7 @@ void product_case(DType t, int64_t rows, int64_t cols, int T, std::mt19937& rng)
     }
   }
   char what[128];
-  const bool tc = T >= 16 && (half || t == DType::Q8_0 || t == DType::Q4_0);
+  const bool tc = T >= 16 && (half || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_K);
   std::snprintf(what, sizeof what, "linear %s %lldx%lld, %d input rows%s", dtype_name(t), (long long)rows,
                 (long long)cols, T, tc ? (half ? " (tensor cores)" : " (int8 tensor cores)") : "");
   // Relative to sum |w x|: float products and sums of 256-4096 terms, ~1e-6; a wrong block,
@@ -383,9 +383,9 @@ int main() {
     for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
       for (int T : {1, 3, 9})
         for (int64_t cols : {256, 1024}) product_case(t, 300, cols, T, rng);
-    // Prompts of Q8_0 / Q4_0 on int8 tensor cores (16 input rows and more): the same integer
+    // Prompts of Q8_0 / Q4_0 / Q4_K on int8 tensor cores (16 input rows and more): the same integer
     // sums, so the same bound; row counts off the 128-row tile and the 16-row fragment.
-    for (DType t : {DType::Q8_0, DType::Q4_0})
+    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K})
       for (int T : {16, 40, 130}) {
         product_case(t, 300, 1024, T, rng);
         product_case(t, 72, 256, T, rng);

@@ -1729,6 +1729,174 @@ void tc_launch(const LinJob& job, const __nv_bfloat16* xb, int T, int64_t tiles)
          smem, job, xb, T);
 }
 
+// Q4_K prompts on int8 tensor cores: a pipeline stage is one pair of sub-blocks (64 columns,
+// whose 32 bytes of nibbles hold sub-block 2p in the low nibbles and 2p + 1 in the high ones,
+// quant k of each at byte k), so one 32-bit load gives a B fragment register of either. The
+// header's 6-bit scale and min of both sub-blocks become d sc and dmin m per weight row as the
+// stage is loaded; the input's sum over a sub-block (the min's term) comes from the A
+// fragments (dp4a with ones, then two shuffles over the quad). Per sub-block and (t, n): y +=
+// dx (d sc isum - dmin m bsum), the CPU's integer function (Q4_K x Q8_K) with the float terms
+// ordered per sub-block.
+constexpr int kTcQ4kLd = 80;  // 64 input quants a row, padded: 32 distinct banks
+
+template <int BM>
+__global__ void __launch_bounds__(256)
+    k_lin_tc8_q4k(LinJob job, const int8_t* __restrict__ xq, const float* __restrict__ xd, int T) {
+  constexpr int MT = BM / 32;
+  extern __shared__ __align__(16) unsigned char tc_smem[];
+  int8_t* As = reinterpret_cast<int8_t*>(tc_smem);                         // [stage][BM][80]
+  uint8_t* Bs = reinterpret_cast<uint8_t*>(As + kTc8Stages * BM * kTcQ4kLd);  // [stage][kTcN][48]
+  float* Ad = reinterpret_cast<float*>(Bs + kTc8Stages * kTcN * kTc8Ld);     // [stage][BM]
+  float* Bsc = Ad + kTc8Stages * BM;                                         // [stage][2][kTcN]
+  float* Bmn = Bsc + kTc8Stages * 2 * kTcN;                                  // [stage][2][kTcN]
+  const int64_t tile = blockIdx.x;
+  int m = 0;
+  while (tile >= job.wend[m]) ++m;
+  const int64_t r0 = (tile - (m ? job.wend[m - 1] : 0)) * kTcN, rows = job.rows[m];
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * BM, cols = job.cols;
+  const int64_t nsb = cols / 256, np = cols / 64, rowb = nsb * 144;
+  const uint8_t* W = job.w[m];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  const int wm = warp / 4, wn = warp % 4;
+  auto load = [&](int stage, int64_t p) {  // pair p: super-block p / 4, pair p % 4 in it
+    const int64_t sb = p / 4;
+    const int pp = static_cast<int>(p % 4);
+    int8_t* a = As + stage * BM * kTcQ4kLd;
+    uint8_t* b = Bs + stage * kTcN * kTc8Ld;
+    for (int i = tid; i < BM * 4; i += 256) {
+      const int rr = i / 4, c = i % 4;
+      const bool ok = p < np && t0 + rr < T;
+      cp_async16(a + rr * kTcQ4kLd + c * 16, ok ? xq + (t0 + rr) * cols + p * 64 + c * 16 : xq, ok);
+    }
+    for (int i = tid; i < kTcN * 2; i += 256) {
+      const int rr = i / 2, c = i % 2;
+      const bool ok = p < np && r0 + rr < rows;
+      cp_async16(b + rr * kTc8Ld + c * 16, ok ? W + (r0 + rr) * rowb + sb * 144 + 16 + 32 * pp + c * 16 : W, ok);
+    }
+    for (int i = tid; i < BM + kTcN; i += 256) {
+      if (i < BM) {
+        const bool ok = p < np && t0 + i < T;
+        Ad[stage * BM + i] = ok ? xd[(t0 + i) * nsb + sb] : 0.0f;
+      } else {
+        const int rr = i - BM;
+        float s0 = 0, s1 = 0, m0 = 0, m1 = 0;
+        if (p < np && r0 + rr < rows) {
+          const uint4 h = __ldg(reinterpret_cast<const uint4*>(W + (r0 + rr) * rowb + sb * 144));
+          const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(h.x & 0xFFFF)));
+          const float dm = __half2float(__ushort_as_half(static_cast<uint16_t>(h.x >> 16)));
+          int sc, mn;
+          kq_scale_min(2 * pp, h, &sc, &mn);
+          s0 = d * static_cast<float>(sc), m0 = dm * static_cast<float>(mn);
+          kq_scale_min(2 * pp + 1, h, &sc, &mn);
+          s1 = d * static_cast<float>(sc), m1 = dm * static_cast<float>(mn);
+        }
+        Bsc[(stage * 2) * kTcN + rr] = s0, Bsc[(stage * 2 + 1) * kTcN + rr] = s1;
+        Bmn[(stage * 2) * kTcN + rr] = m0, Bmn[(stage * 2 + 1) * kTcN + rr] = m1;
+      }
+    }
+  };
+  pdl_launch();
+  pdl_wait();
+#pragma unroll
+  for (int st = 0; st < kTc8Stages - 1; ++st) {
+    load(st, st);
+    cp_async_commit();
+  }
+  float acc[MT][4][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+  for (int64_t p = 0; p < np; ++p) {
+    cp_async_wait<kTc8Stages - 2>();
+    __syncthreads();
+    load(static_cast<int>((p + kTc8Stages - 1) % kTc8Stages), p + kTc8Stages - 1);
+    cp_async_commit();
+    const int st = static_cast<int>(p % kTc8Stages);
+    const int8_t* a = As + st * BM * kTcQ4kLd + (wm * (BM / 2) + g) * kTcQ4kLd + 4 * tq;
+    const uint8_t* b = Bs + st * kTcN * kTc8Ld + (wn * 32 + g) * kTc8Ld + 4 * tq;
+    const float* ad = Ad + st * BM + wm * (BM / 2) + g;
+    uint32_t wlo[4], whi[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      wlo[j] = *reinterpret_cast<const uint32_t*>(b + j * 8 * kTc8Ld);
+      whi[j] = *reinterpret_cast<const uint32_t*>(b + j * 8 * kTc8Ld + 16);
+    }
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const float* sc = Bsc + (st * 2 + s) * kTcN + wn * 32 + 2 * tq;
+      const float* mn = Bmn + (st * 2 + s) * kTcN + wn * 32 + 2 * tq;
+      uint32_t bf[4][2];
+      float ws[4][2], wm2[4][2];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        bf[j][0] = (wlo[j] >> (4 * s)) & 0x0F0F0F0Fu;
+        bf[j][1] = (whi[j] >> (4 * s)) & 0x0F0F0F0Fu;
+        ws[j][0] = sc[j * 8], ws[j][1] = sc[j * 8 + 1];
+        wm2[j][0] = mn[j * 8], wm2[j][1] = mn[j * 8 + 1];
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int8_t* ai = a + i * 16 * kTcQ4kLd + 32 * s;
+        const uint32_t a0 = *reinterpret_cast<const uint32_t*>(ai);
+        const uint32_t a1 = *reinterpret_cast<const uint32_t*>(ai + 8 * kTcQ4kLd);
+        const uint32_t a2 = *reinterpret_cast<const uint32_t*>(ai + 16);
+        const uint32_t a3 = *reinterpret_cast<const uint32_t*>(ai + 8 * kTcQ4kLd + 16);
+        // The sub-block's input sums of rows g and g + 8: this lane's 8 quants of each, then
+        // the quad's four lanes (tq) added.
+        int bs0 = dot4(0x01010101, static_cast<int>(a2), dot4(0x01010101, static_cast<int>(a0), 0));
+        int bs1 = dot4(0x01010101, static_cast<int>(a3), dot4(0x01010101, static_cast<int>(a1), 0));
+        bs0 += __shfl_xor_sync(0xffffffffu, bs0, 1);
+        bs0 += __shfl_xor_sync(0xffffffffu, bs0, 2);
+        bs1 += __shfl_xor_sync(0xffffffffu, bs1, 1);
+        bs1 += __shfl_xor_sync(0xffffffffu, bs1, 2);
+        const float x0 = ad[i * 16], x1 = ad[i * 16 + 8];
+        const float f0 = static_cast<float>(bs0), f1 = static_cast<float>(bs1);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          int c[4] = {0, 0, 0, 0};
+          mma_s8(c, a0, a1, a2, a3, bf[j][0], bf[j][1]);
+          acc[i][j][0] += x0 * (ws[j][0] * static_cast<float>(c[0]) - wm2[j][0] * f0);
+          acc[i][j][1] += x0 * (ws[j][1] * static_cast<float>(c[1]) - wm2[j][1] * f0);
+          acc[i][j][2] += x1 * (ws[j][0] * static_cast<float>(c[2]) - wm2[j][0] * f1);
+          acc[i][j][3] += x1 * (ws[j][1] * static_cast<float>(c[3]) - wm2[j][1] * f1);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  float* y = job.y[m];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = r0 + wn * 32 + j * 8 + 2 * tq;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int64_t t = t0 + wm * (BM / 2) + i * 16 + g + 8 * hh;
+        if (t >= T) continue;
+        float* yp = y + t * rows + n;
+        if (n < rows) yp[0] = acc[i][j][2 * hh];
+        if (n + 1 < rows) yp[1] = acc[i][j][2 * hh + 1];
+      }
+    }
+}
+
+template <int BM>
+void tc8_q4k_launch(const LinJob& job, const int8_t* q, const float* d, int T, int64_t tiles) {
+  constexpr size_t smem = static_cast<size_t>(kTc8Stages) *
+                          (BM * kTcQ4kLd + kTcN * kTc8Ld + (BM + 4 * kTcN) * 4);
+  static bool raised = false;
+  if (!raised) {
+    const cudaError_t e = cudaFuncSetAttribute(k_lin_tc8_q4k<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+    if (e != cudaSuccess) throw Error(std::string("CUDA: int8 tensor-core product: ") + cudaGetErrorString(e));
+    raised = true;
+  }
+  launch("linear", k_lin_tc8_q4k<BM>, dim3(static_cast<unsigned>(tiles), (T + BM - 1) / BM), dim3(256),
+         smem, job, q, d, T);
+}
+
 template <int DT, int BM>
 void tc8_launch(const LinJob& job, const int8_t* q, const float* d, int T, int64_t tiles) {
   constexpr size_t smem = static_cast<size_t>(kTc8Stages) * (BM + kTcN) * (kTc8Ld + 4);
@@ -1860,11 +2028,14 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
              0, x, blocks, B, q, d);
     }
     prof_mark(g_label ? g_label : "linear", bytes);
-    if ((t == kQ8_0 || t == kQ4_0) && g_tc && g_tc_int8 && T >= kTcMinT) {
+    if ((t == kQ8_0 || t == kQ4_0 || t == kQ4_K) && g_tc && g_tc_int8 && T >= kTcMinT) {
       int64_t tiles = 0;
       for (int i = 0; i < n; ++i) job.wend[i] = tiles += (ws[i].rows + kTcN - 1) / kTcN;
       const bool big = tiles * ((T + 127) / 128) >= 2 * sms();  // as the BF16 tiles choose
-      if (t == kQ8_0) {
+      if (t == kQ4_K) {
+        if (big) tc8_q4k_launch<128>(job, q, d, T, tiles);
+        else tc8_q4k_launch<64>(job, q, d, T, tiles);
+      } else if (t == kQ8_0) {
         if (big) tc8_launch<kQ8_0, 128>(job, q, d, T, tiles);
         else tc8_launch<kQ8_0, 64>(job, q, d, T, tiles);
       } else {
