@@ -14,7 +14,7 @@ stamp kernels
 [ -x build/tests/test_cuda_kernels ] && timeout 120 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1; tail -1 $OUT/kernels.txt | tee -a $L
 stamp tests
 DORY_BIN=build/dory timeout 200 python3 tests/gpu/test_gpu.py > $OUT/gpu_tests.txt 2>&1
-grep -E "max\|d\||agreement|decode:|spread|greedy|^Ran|^OK|FAIL|Error|error" $OUT/gpu_tests.txt | tail -45 | tee -a $L
+grep -E "max\|d\||agreement|decode:|prompt,|spread|greedy|^Ran|^OK|FAIL|Error|error" $OUT/gpu_tests.txt | tail -45 | tee -a $L
 wait $ck
 stamp bench
 B() { build/dory bench --device cuda "$@" 2>&1 | grep -E "\| (pp|tg)[0-9]" | tee -a $L; }

@@ -14,16 +14,16 @@ timeout 100 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1
 grep -E "FAIL|decode, norm|swiglu_quant|case\(s\)" $OUT/kernels.txt | tee -a $L
 stamp tests
 DORY_BIN=build/dory timeout 200 python3 tests/gpu/test_gpu.py > $OUT/gpu_tests.txt 2>&1
-grep -E "max\|d\||agreement|decode:|spread|greedy|^Ran|^OK|FAIL|Error|error" $OUT/gpu_tests.txt | tail -45 | tee -a $L
+grep -E "max\|d\||agreement|decode:|prompt,|spread|greedy|^Ran|^OK|FAIL|Error|error" $OUT/gpu_tests.txt | tail -45 | tee -a $L
 wait $ck
 stamp bench
 build/dory quantize /tmp/dory4b /tmp/q4.gguf --type q4_k_m -q
 for f in 1 0 1 0; do
-  echo "fuse=$f $(DORY_CUDA_FUSE=$f build/dory bench --device cuda -m /tmp/q4.gguf -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg[0-9]')" | tee -a $L
+  echo "fuse=$f $(DORY_CUDA_FUSE=$f DORY_CUDA_FUSE_INT8=$f build/dory bench --device cuda -m /tmp/q4.gguf -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg[0-9]')" | tee -a $L
 done
 build/dory quantize /tmp/dory4b /tmp/q8.gguf --type q8_0 -q
 for f in 1 0; do
-  echo "fuse=$f $(DORY_CUDA_FUSE=$f build/dory bench --device cuda -m /tmp/q8.gguf -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg[0-9]')" | tee -a $L
+  echo "fuse=$f $(DORY_CUDA_FUSE=$f DORY_CUDA_FUSE_INT8=$f build/dory bench --device cuda -m /tmp/q8.gguf -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg[0-9]')" | tee -a $L
 done
 for v in 1 0 1 0; do
   for f in q8 q4; do

@@ -377,6 +377,7 @@ int main() {
   ck(cudaStreamCreate(&s), "stream");
   cuda::set_stream(s);
   cuda::set_tc_float_inputs(true);
+  cuda::set_tc_int8(true);
   std::mt19937 rng(7);
   try {
     std::printf("products\n");

@@ -293,7 +293,8 @@ class BuiltinModel(unittest.TestCase):
         self.assertLessEqual(gk, 2 * ck + 1e-4)
 
     def test_int8_decode_fusions(self):
-        # Decode rows (--chunk 1) of int8 types: the output gate inside attention and swiglu
+        # Decode rows (--chunk 1) of int8 types (DORY_CUDA_FUSE_INT8=1, opt-in until this has
+        # passed on a GPU): the output gate inside attention and swiglu
         # with the down product's quantizing in one many-block launch, both norms taken by the
         # next product from a sum (int8 quantization is scale-invariant). The same function as
         # DORY_CUDA_FUSE=0 up to the order of sums, which can move a quant by one step, so
@@ -304,7 +305,7 @@ class BuiltinModel(unittest.TestCase):
             out = os.path.join(TMP, "mini-%s.gguf" % t)
             if not os.path.exists(out):
                 subprocess.run([DORY, "quantize", MINI, out, "--type", t, "-q"], check=True, capture_output=True)
-            f = logits(out, ids, "cuda", "--chunk", "1").astype(np.float64)
+            f = logits(out, ids, "cuda", "--chunk", "1", env=dict(FLOAT, DORY_CUDA_FUSE_INT8="1")).astype(np.float64)
             u = logits(out, ids, "cuda", "--chunk", "1", env=dict(FLOAT, DORY_CUDA_FUSE="0")).astype(np.float64)
             c = logits(out, ids, "cpu", env=dict(FLOAT, DORY_ISA="scalar")).astype(np.float64)
             (fa, fk), (ua, uk), (xa, xk) = top1_kl(f, c), top1_kl(u, c), top1_kl(f, u)
@@ -314,6 +315,24 @@ class BuiltinModel(unittest.TestCase):
             self.assertGreaterEqual(fa, ua - 0.02)
             self.assertLessEqual(fk, 2 * uk + 1e-4)
             self.assertGreaterEqual(xa, 0.97)
+
+    def test_int8_tensor_core_prompts(self):
+        # Prompts' Q8_0 / Q4_K products on int8 tensor cores (DORY_CUDA_TC_INT8=1, opt-in until
+        # this has passed on a GPU) against dp4a: the same integer sums per block, the block
+        # scales applied in another order (float rounding, ~1e-7 relative), so nearly the same
+        # logits; a wrong fragment, scale or tile would move them by ~1.
+        ids = self.held_out_ids(1024)
+        for t in ("q8_0", "q4_k_m"):
+            out = os.path.join(TMP, "mini-%s.gguf" % t)
+            if not os.path.exists(out):
+                subprocess.run([DORY, "quantize", MINI, out, "--type", t, "-q"], check=True, capture_output=True)
+            a = logits(out, ids, "cuda", env=dict(FLOAT, DORY_CUDA_TC_INT8="1")).astype(np.float64)
+            b = logits(out, ids, "cuda", env=dict(FLOAT, DORY_CUDA_TC_INT8="0")).astype(np.float64)
+            top1, kl = top1_kl(a, b)
+            print("  built-in %s prompt, int8 tensor cores against dp4a: top-1 %.4f KL %.2e max|d| %.2e"
+                  % (t, top1, kl, float(np.abs(a - b).max())), flush=True)
+            self.assertGreaterEqual(top1, 0.99)
+            self.assertLessEqual(kl, 1e-4)
 
     def test_k_quant_agreement(self):
         for t in ("q4_k_m", "q6_k"):

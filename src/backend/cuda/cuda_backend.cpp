@@ -233,6 +233,8 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
   // DORY_CUDA_FUSE=0: decode rows without the fusions (qk_prepare, gate and SwiGLU kernels of
   // their own), to compare against.
   if (const char* f = std::getenv("DORY_CUDA_FUSE")) fuse_ = std::string(f) != "0";
+  if (const char* f = std::getenv("DORY_CUDA_FUSE_INT8")) fuse_int8_ = std::string(f) == "1";
+  fuse_int8_ = fuse_int8_ && fuse_;
   // DORY_CUDA_GRAPHS=0: every launch on its own (to compare, or to debug a kernel).
   if (const char* g = std::getenv("DORY_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
   // DORY_CUDA_PROFILE=1: every launch timed on its own (graphs off), a table at exit.
@@ -507,7 +509,7 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
   const double theta = prof == 1 ? c.rope_theta : c.rope_theta_2;
   // Decode: the gate in the attention launch, the norm in the o product (BF16/F16 in its loads,
   // the int8 types from the sum after quantizing the un-normalised row: gate_norm's launch goes).
-  double* gsum = fuse_ && T == 1 && (cuda::half_decode(L.wo) || cuda::int8_decode(L.wo))
+  double* gsum = fuse_ && T == 1 && (cuda::half_decode(L.wo) || (fuse_int8_ && cuda::int8_decode(L.wo)))
                      ? next_sum()
                      : nullptr;
   if (fuse_ && T == 1) {
@@ -543,7 +545,7 @@ void CudaBackend::mlp_layer(const Layer& L, const cuda::DevMat* next) {
     written(ffg_.f());
     cuda::prof_label("mlp down");
     lin(L.w_down, ffg_.f(), T, out_.f(), sum);
-  } else if (fuse_ && T == 1 && cuda::int8_decode(L.w_down) && !L.w_down.col_scale) {
+  } else if (fuse_int8_ && T == 1 && cuda::int8_decode(L.w_down) && !L.w_down.col_scale) {
     // Int8 decode: swiglu and the down product's quantizing in one many-block launch, the
     // norm in down's epilogue (quantization is scale-invariant): swiglu_norm's one-block pass
     // goes.
