@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Share of dictionary words in what `dory run` writes with no -m (the built-in model).
 
-    /usr/bin/python3 scripts/train/english_share.py [--dory build/dory] [--seeds 10] [-n 200]
+    /usr/bin/python3 scripts/train/english_share.py [--dory build/dory] [-m MODEL] [--seeds 10] [-n 200]
 
 Runs `dory run -p PROMPT -n N -s SEED` for a few prompts and seeds, splits the text into
 words (letters and apostrophes), and counts a word as English when it, its lower-case form,
@@ -19,6 +19,7 @@ PROMPTS = ["The king said", "Once upon a time", "The sea was", "It is a truth"]
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dory", default="build/dory")
+    ap.add_argument("-m", "--model", default="", help="a model other than the built-in one")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("-n", type=int, default=200)
     ap.add_argument("--words", default="/usr/share/dict/words")
@@ -33,8 +34,8 @@ def main():
     for p in PROMPTS:
         n = k = 0
         for seed in range(a.seeds):
-            r = subprocess.run([a.dory, "run", "-p", p, "-n", str(a.n), "-s", str(seed), "-t", "2"],
-                               capture_output=True, text=True)
+            cmd = [a.dory, "run", "-p", p, "-n", str(a.n), "-s", str(seed), "-t", "2"]
+            r = subprocess.run(cmd + (["-m", a.model] if a.model else []), capture_output=True, text=True)
             if r.returncode != 0:
                 sys.exit(f"english_share: dory run failed: {r.stderr.strip()}")
             for w in re.findall(r"[A-Za-z']+", r.stdout):
