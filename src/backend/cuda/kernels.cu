@@ -1602,6 +1602,29 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
 #endif
 }
 
+// The int8 tensor-core kernels' epilogue: a warp's BM/2 x 32 of the tile (m16n8 accumulator
+// layout: rows g and g + 8, columns 2 tq and 2 tq + 1) to Y, the rows and inputs that exist.
+template <int BM>
+__device__ __forceinline__ void store_tc8_tile(float* y, const float (&acc)[BM / 32][4][4], int64_t r0,
+                                               int64_t t0, int T, int64_t rows) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int wm = warp / 4, wn = warp % 4;
+#pragma unroll
+  for (int i = 0; i < BM / 32; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = r0 + wn * 32 + j * 8 + 2 * tq;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int64_t t = t0 + wm * (BM / 2) + i * 16 + g + 8 * hh;
+        if (t >= T) continue;
+        float* yp = y + t * rows + n;
+        if (n < rows) yp[0] = acc[i][j][2 * hh];
+        if (n + 1 < rows) yp[1] = acc[i][j][2 * hh + 1];
+      }
+    }
+}
+
 template <int DT, int BM>
 __global__ void __launch_bounds__(256)
     k_lin_tc8(LinJob job, const int8_t* __restrict__ xq, const float* __restrict__ xd, int T) {
@@ -1703,21 +1726,7 @@ __global__ void __launch_bounds__(256)
     }
   }
   cp_async_wait<0>();
-  float* y = job.y[m];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t n = r0 + wn * 32 + j * 8 + 2 * tq;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int64_t t = t0 + wm * (BM / 2) + i * 16 + g + 8 * hh;
-        if (t >= T) continue;
-        float* yp = y + t * rows + n;
-        if (n < rows) yp[0] = acc[i][j][2 * hh];
-        if (n + 1 < rows) yp[1] = acc[i][j][2 * hh + 1];
-      }
-    }
+  store_tc8_tile<BM>(job.y[m], acc, r0, t0, T, rows);
 }
 
 template <int BM>
@@ -1870,21 +1879,7 @@ __global__ void __launch_bounds__(256)
     }
   }
   cp_async_wait<0>();
-  float* y = job.y[m];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t n = r0 + wn * 32 + j * 8 + 2 * tq;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int64_t t = t0 + wm * (BM / 2) + i * 16 + g + 8 * hh;
-        if (t >= T) continue;
-        float* yp = y + t * rows + n;
-        if (n < rows) yp[0] = acc[i][j][2 * hh];
-        if (n + 1 < rows) yp[1] = acc[i][j][2 * hh + 1];
-      }
-    }
+  store_tc8_tile<BM>(job.y[m], acc, r0, t0, T, rows);
 }
 
 template <int BM>
