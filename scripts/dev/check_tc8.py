@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-# k_lin_tc8_q4k (src/backend/cuda/kernels.cu) emulated on the host: see the comment below.
-#   /usr/bin/python3 scripts/dev/check_tc8_q4k.py   -> "max rel err" ~3e-8 when the indexing is right
+# The int8 tensor-core kernels (k_lin_tc8_q4k, then k_lin_tc8 for Q8_0 and Q4_0) emulated on the host.
+#   /usr/bin/python3 scripts/dev/check_tc8.py  -> "max rel err" <= ~3e-8 for each when the indexing is right
 # Host emulation of k_lin_tc8_q4k's index arithmetic for one (tile, warp): builds each lane's
 # fragment registers from the shared-memory images the kernel's load() writes, assembles the
 # A (16x32) and B (32x8) matrices per the PTX m16n8k32 .s8 layout, runs the mma, scatters C back
@@ -92,3 +92,68 @@ for warp in range(8):
                     if n + 1 < rows: y[t, n+1] = acc[warp, lane, i, j, 2*hh+1]
 err = np.abs(y - ref).max() / np.abs(ref).max()
 print("q4k tc emulation: max rel err %.2e (rows %d, T %d)" % (err, rows, T))
+
+# k_lin_tc8 (Q8_0 / Q4_0, repacked: a row's quants end to end, Q4_0 16 bytes a block with quant
+# i in byte i's low nibble and i + 16 in its high one; f16 scales per block): the same emulation.
+for DT in ("q8_0", "q4_0"):
+    cols, T, rows, BM = 256, 40, 100, 64
+    nb = cols // 32
+    X = rng.integers(-127, 128, (T, cols)).astype(np.int8)
+    xd = rng.random((T, nb)).astype(np.float32)
+    Wq = rng.integers(-127, 128, (rows, cols)) if DT == "q8_0" else rng.integers(-8, 8, (rows, cols))
+    wd = rng.random((rows, nb)).astype(np.float32)
+    if DT == "q8_0":
+        packed = Wq.astype(np.int8).view(np.uint8).reshape(rows, nb, 32)
+    else:
+        u = (Wq + 8).astype(np.uint8).reshape(rows, nb, 32)
+        packed = u[:, :, :16] | (u[:, :, 16:] << 4)
+    ref = np.zeros((T, rows))
+    for t in range(T):
+        for r in range(rows):
+            ref[t, r] = sum(xd[t, b] * wd[r, b] * int((X[t, 32*b:32*b+32].astype(np.int64) * Wq[r, 32*b:32*b+32]).sum()) for b in range(nb))
+    acc = np.zeros((8, 32, BM // 32, 4, 4))
+    for kb in range(nb):
+        As = np.zeros((BM, 48), np.int8); Bs = np.zeros((128, 48), np.uint8)
+        Ad = np.zeros(BM, np.float32); Bd = np.zeros(128, np.float32)
+        As[:T, :32] = X[:, 32*kb:32*kb+32]; Ad[:T] = xd[:, kb]
+        WB = 32 if DT == "q8_0" else 16
+        Bs[:rows, :WB] = packed[:, kb, :]; Bd[:rows] = wd[:, kb]
+        for warp in range(8):
+            wm, wn = warp // 4, warp % 4
+            for i in range(BM // 32):
+                for j in range(4):
+                    A = np.zeros((16, 32), np.int64); B = np.zeros((32, 8), np.int64)
+                    for lane in range(32):
+                        g, tq = lane // 4, lane % 4
+                        ar = wm * (BM // 2) + g + i * 16
+                        A[g, 4*tq:4*tq+4] = As[ar, 4*tq:4*tq+4]; A[g+8, 4*tq:4*tq+4] = As[ar+8, 4*tq:4*tq+4]
+                        A[g, 16+4*tq:20+4*tq] = As[ar, 16+4*tq:20+4*tq]; A[g+8, 16+4*tq:20+4*tq] = As[ar+8, 16+4*tq:20+4*tq]
+                        br = wn * 32 + g + j * 8
+                        if DT == "q8_0":
+                            b0 = Bs[br, 4*tq:4*tq+4].view(np.int8); b1 = Bs[br, 16+4*tq:20+4*tq].view(np.int8)
+                        else:
+                            w = Bs[br, 4*tq:4*tq+4].astype(np.int64)
+                            b0 = (w & 15) - 8; b1 = ((w >> 4) & 15) - 8  # __vsub4 of the masked nibbles
+                        B[4*tq:4*tq+4, g] = b0; B[16+4*tq:20+4*tq, g] = b1
+                    C = A @ B
+                    for lane in range(32):
+                        g, tq = lane // 4, lane % 4
+                        s0 = Ad[wm*(BM//2) + g + i*16]; s1 = Ad[wm*(BM//2) + g + i*16 + 8]
+                        n0 = wn*32 + j*8 + 2*tq
+                        a = acc[warp, lane, i, j]
+                        a[0] += C[g, 2*tq] * (s0 * Bd[n0]); a[1] += C[g, 2*tq+1] * (s0 * Bd[n0+1])
+                        a[2] += C[g+8, 2*tq] * (s1 * Bd[n0]); a[3] += C[g+8, 2*tq+1] * (s1 * Bd[n0+1])
+    y = np.zeros((T, rows))
+    for warp in range(8):
+        wm, wn = warp // 4, warp % 4
+        for lane in range(32):
+            g, tq = lane // 4, lane % 4
+            for i in range(BM // 32):
+                for j in range(4):
+                    n = wn*32 + j*8 + 2*tq
+                    for hh in range(2):
+                        t = wm*(BM//2) + i*16 + g + 8*hh
+                        if t >= T: continue
+                        if n < rows: y[t, n] = acc[warp, lane, i, j, 2*hh]
+                        if n + 1 < rows: y[t, n+1] = acc[warp, lane, i, j, 2*hh+1]
+    print("%s tc emulation: max rel err %.2e (rows %d, T %d)" % (DT, np.abs(y - ref).max() / np.abs(ref).max(), rows, T))
