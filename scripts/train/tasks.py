@@ -13,7 +13,7 @@ drawn from a seeded generator per split (train seed 1, held-out seed 2, and the 
 questions never appear in train: a set of their texts is excluded), so every machine makes the
 same files. Output (JSON lines, {"task", "level", "q", "a"}):
 
-    /usr/bin/python3 scripts/train/tasks.py --out .traindata [--train 200000 --val 400]
+    /usr/bin/python3 scripts/train/tasks.py --out .traindata [--train 200000 --val 400] [--suite 2]
       OUT/tasks_train.jsonl.gz   OUT/tasks_val.jsonl
 
 `chatml(item)` renders an item in the model's chat template (models/dory-mini's ChatML), which
@@ -26,16 +26,21 @@ import os
 import random
 
 TASKS = ("add", "reverse", "sort", "chain")
+# The suite's version (tasks.py --suite, train.py --task-suite): 1 made the shipped model's
+# data, 2 (addition of 1-4 digits) is the current one.
+ADD_RANGES = {1: [(10, 999), (100, 9999), (1000, 99999), (10000, 999999)],
+              2: [(1, 9), (10, 99), (100, 999), (100, 9999)]}
+SUITE = 2
 
 
 def make(task, level, rng):
     if task == "add":
-        # level 1: one digit each ... level 4: 3-4 digits; at least one carry from level 2 on.
-        # (3-6 digits, the first suite, stayed at 0-2% at every loop count: past this size's
-        # reach, so it measured nothing.)
-        lo, hi = [(1, 9), (10, 99), (100, 999), (100, 9999)][level - 1]
+        # Suite 2: level 1 one digit each ... level 4 3-4 digits; suite 1 (the shipped model's):
+        # 2-3 ... 5-6 digits, where the built-in model stayed at 0-2% at every loop count, so
+        # it measured nothing. At least one carry from level 2 on.
+        lo, hi = ADD_RANGES[SUITE][level - 1]
         while True:
-            a, b = rng.randint(lo, hi), rng.randint(1 if level == 1 else 10, hi)
+            a, b = rng.randint(lo, hi), rng.randint(1 if lo == 1 else 10, hi)
             carries = sum(1 for i in range(7) if (a // 10 ** i % 10) + (b // 10 ** i % 10) >= 10)
             if level == 1 or carries >= 1:
                 break
@@ -86,7 +91,11 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--train", type=int, default=200000)
     ap.add_argument("--val", type=int, default=400)
+    ap.add_argument("--suite", type=int, default=2, choices=sorted(ADD_RANGES),
+                    help="1: the shipped model's suite (addition of 2-6 digits); 2: 1-4 digits")
     a = ap.parse_args()
+    global SUITE
+    SUITE = a.suite
     os.makedirs(a.out, exist_ok=True)
     val = items(a.val, 2)
     held = frozenset(x["q"] for x in val)

@@ -508,6 +508,8 @@ def main():
                     help="weight of the 2-over-1 loop gain (nats) when the kept checkpoint is chosen")
     ap.add_argument("--deep-weight", type=float, default=1.0,
                     help="weight in the kept checkpoint's score of 4 loops' held-out loss above 2 loops'")
+    ap.add_argument("--task-suite", type=int, default=2,
+                    help="tasks.py's suite of the held-out task items (1: the shipped model's)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--vocab", type=int, default=4096)
     args = ap.parse_args()
@@ -531,6 +533,7 @@ def main():
     pk_train = PassKeys(tok, train_stream, rng, 3000, 300, args.ctx - 8)
     pk_val = PassKeys(tok, val_stream, random.Random(11), 1, 300, 1000)
     import tasks as TS
+    TS.SUITE = args.task_suite
     task_val = TS.items(args.task_eval, 2)
     held = frozenset(x["q"] for x in task_val)
     tpath = os.path.join(args.data, "tasks_train.jsonl.gz")
