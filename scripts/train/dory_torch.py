@@ -264,8 +264,11 @@ class Dory(nn.Module):
             x = self._residual(layer, x, y)
         return x
 
-    def forward(self, ids, loops=None, dtype=torch.bfloat16):
-        """ids [B, T] -> logits [B, T, V] (float32 math for norms, dtype for matmuls)."""
+    def forward(self, ids, loops=None, dtype=torch.bfloat16, bptt=0):
+        """ids [B, T] -> logits [B, T, V] (float32 math for norms, dtype for matmuls).
+        bptt > 0: gradients flow through the last `bptt` passes only, the earlier ones run
+        without them (truncated backpropagation through the loops, as the recurrent-depth
+        models are trained: deep counts cost little more than `bptt` passes)."""
         c = self.cfg
         loops = c.loops if loops is None else loops
         pos = torch.arange(ids.shape[1], device=ids.device)
@@ -274,10 +277,11 @@ class Dory(nn.Module):
         run = self.seq_compiled if (self.training and self.seq_compiled is not None) else self._run_seq
         inp = run(inp_r, x, pos, dtype)
         state = inp
-        for _ in range(loops):
-            h = nrm(state + inp)
-            h = run(rec_r, h, pos, dtype)
-            state = nrm(h)
+        for k in range(loops):
+            with torch.set_grad_enabled(torch.is_grad_enabled() and not (0 < bptt <= loops - 1 - k)):
+                h = nrm(state + inp)
+                h = run(rec_r, h, pos, dtype)
+                state = nrm(h)
         h = run(out_r, state, pos, dtype)
         return self.logits(h.to(dtype))
 

@@ -473,6 +473,10 @@ LOOP_STAGES = {
     # Past four: the last stage draws 2-6 passes with four the likeliest, so four sits inside
     # the trained range instead of at its edge (the iteration has to stay good past it).
     "deep4": [(0.0, {2: 1}), (0.15, {2: 3, 3: 3, 4: 2}), (0.4, {2: 2, 3: 2, 4: 3, 5: 2, 6: 1})],
+    # Wider still (2-8 passes at the end), meant with --bptt 4: the passes before the last four
+    # run without gradients, so a deep step costs little more than a four-pass one and the
+    # iteration learns to keep improving (or hold) past the counts users ask for.
+    "wide": [(0.0, {2: 1}), (0.15, {2: 3, 3: 3, 4: 2}), (0.4, {2: 2, 3: 2, 4: 3, 5: 2, 6: 2, 8: 1})],
 }
 
 
@@ -510,6 +514,8 @@ def main():
                     help="weight in the kept checkpoint's score of 4 loops' held-out loss above 2 loops'")
     ap.add_argument("--task-suite", type=int, default=2,
                     help="tasks.py's suite of the held-out task items (1: the shipped model's)")
+    ap.add_argument("--bptt", type=int, default=0,
+                    help="backpropagate through the last N loop passes only (0: all)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--vocab", type=int, default=4096)
     args = ap.parse_args()
@@ -617,7 +623,7 @@ def main():
                 model(rows[:1, :-1], 1)  # fills the sliding-window mask cache eagerly
                 model.train()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(rows[:, :-1], loops)
+            logits = model(rows[:, :-1], loops, bptt=args.bptt)
         loss_tok = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
                                    rows[:, 1:].reshape(-1), reduction="none")
         loss = (loss_tok * weights.view(-1)).sum() / weights.sum()
