@@ -293,8 +293,8 @@ class BuiltinModel(unittest.TestCase):
         self.assertLessEqual(gk, 2 * ck + 1e-4)
 
     def test_int8_decode_fusions(self):
-        # Decode rows (--chunk 1) of int8 types (DORY_CUDA_FUSE_INT8=1, opt-in until this has
-        # passed on a GPU): the output gate inside attention and swiglu
+        # Decode rows (--chunk 1) of int8 types with their fusions (the default;
+        # DORY_CUDA_FUSE_INT8=0 turns them off): the output gate inside attention and swiglu
         # with the down product's quantizing in one many-block launch, both norms taken by the
         # next product from a sum (int8 quantization is scale-invariant). The same function as
         # DORY_CUDA_FUSE=0 up to the order of sums, which can move a quant by one step, so
@@ -317,10 +317,15 @@ class BuiltinModel(unittest.TestCase):
             self.assertGreaterEqual(xa, 0.97)
 
     def test_int8_tensor_core_prompts(self):
-        # Prompts' Q8_0 / Q4_K products on int8 tensor cores (DORY_CUDA_TC_INT8=1, opt-in until
-        # this has passed on a GPU) against dp4a: the same integer sums per block, the block
-        # scales applied in another order (float rounding, ~1e-7 relative), so nearly the same
-        # logits; a wrong fragment, scale or tile would move them by ~1.
+        # Prompts' Q8_0 / Q4_K products on int8 tensor cores (the default; DORY_CUDA_TC_INT8=0:
+        # dp4a) hold the same integer sums per block as dp4a, the block scales applied in
+        # another order; test_cuda_kernels checks one product to ~1e-7. Through the whole
+        # model those float differences move an activation's int8 quant by one step here and
+        # there, and from then on the two paths carry independent quantization noise (measured
+        # on an H100: tensor cores against dp4a top-1 0.990, KL 2.9e-4 for Q8_0, the same size
+        # as either against the CPU). So both are held against the CPU's scalar set: tensor
+        # cores no further from it than dp4a (0.02 of top-1, twice the KL); a wrong fragment,
+        # scale or tile would move the logits by ~1 and fail by orders of magnitude.
         ids = self.held_out_ids(1024)
         for t in ("q8_0", "q4_k_m"):
             out = os.path.join(TMP, "mini-%s.gguf" % t)
@@ -328,11 +333,14 @@ class BuiltinModel(unittest.TestCase):
                 subprocess.run([DORY, "quantize", MINI, out, "--type", t, "-q"], check=True, capture_output=True)
             a = logits(out, ids, "cuda", env=dict(FLOAT, DORY_CUDA_TC_INT8="1")).astype(np.float64)
             b = logits(out, ids, "cuda", env=dict(FLOAT, DORY_CUDA_TC_INT8="0")).astype(np.float64)
-            top1, kl = top1_kl(a, b)
-            print("  built-in %s prompt, int8 tensor cores against dp4a: top-1 %.4f KL %.2e max|d| %.2e"
-                  % (t, top1, kl, float(np.abs(a - b).max())), flush=True)
-            self.assertGreaterEqual(top1, 0.99)
-            self.assertLessEqual(kl, 1e-4)
+            c = logits(out, ids, "cpu", env=dict(FLOAT, DORY_ISA="scalar")).astype(np.float64)
+            (aa, ak), (ba, bk), (xa, xk) = top1_kl(a, c), top1_kl(b, c), top1_kl(a, b)
+            print("  built-in %s prompt: tensor cores-cpu %.4f KL %.2e, dp4a-cpu %.4f KL %.2e, "
+                  "tensor cores-dp4a %.4f KL %.2e" % (t, aa, ak, ba, bk, xa, xk), flush=True)
+            self.assertTrue(np.isfinite(a).all())
+            self.assertGreaterEqual(aa, ba - 0.02)
+            self.assertLessEqual(ak, 2 * bk + 1e-4)
+            self.assertGreaterEqual(xa, 0.97)
 
     def test_k_quant_agreement(self):
         for t in ("q4_k_m", "q6_k"):

@@ -233,7 +233,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
   // DORY_CUDA_FUSE=0: decode rows without the fusions (qk_prepare, gate and SwiGLU kernels of
   // their own), to compare against.
   if (const char* f = std::getenv("DORY_CUDA_FUSE")) fuse_ = std::string(f) != "0";
-  if (const char* f = std::getenv("DORY_CUDA_FUSE_INT8")) fuse_int8_ = std::string(f) == "1";
+  if (const char* f = std::getenv("DORY_CUDA_FUSE_INT8")) fuse_int8_ = std::string(f) != "0";
   fuse_int8_ = fuse_int8_ && fuse_;
   // DORY_CUDA_GRAPHS=0: every launch on its own (to compare, or to debug a kernel).
   if (const char* g = std::getenv("DORY_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";

@@ -1395,9 +1395,9 @@ bool g_pdl = false;  // programmatic dependent launch: sm_90 and up, unless DORY
 // take bf16-rounded inputs; with float inputs asked for (DORY_BF16_INPUT=float) they are used
 // only when g_tc_float (set_tc_float_inputs).
 bool g_tc = true, g_tc_float = false;
-// Prompts' Q8_0 / Q4_0 / Q4_K products on int8 tensor cores (k_lin_tc8, k_lin_tc8_q4k): not
-// yet run on a GPU, so opt-in (DORY_CUDA_TC_INT8=1) until they have been; else dp4a.
-bool g_tc_int8 = false;
+// Prompts' Q8_0 / Q4_0 / Q4_K products on int8 tensor cores (k_lin_tc8, k_lin_tc8_q4k; 3-5x
+// dp4a's pp512 on an H100); DORY_CUDA_TC_INT8=0: dp4a, to compare against.
+bool g_tc_int8 = true;
 bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: off)
 bool g_flash_f16 = false;  // its P V in fp16 (DORY_CUDA_FLASH_F16=1)
 constexpr int kTcMinT = 16;
@@ -1534,7 +1534,7 @@ void set_stream(void* s) {
   const char* tc = std::getenv("DORY_CUDA_TC");
   g_tc = major >= 8 && !(tc && std::string(tc) == "0");
   const char* t8 = std::getenv("DORY_CUDA_TC_INT8");
-  g_tc_int8 = t8 && std::string(t8) == "1";
+  g_tc_int8 = !(t8 && std::string(t8) == "0");
   const char* fl = std::getenv("DORY_CUDA_FLASH");
   g_flash = !(fl && std::string(fl) == "0");
   const char* f16 = std::getenv("DORY_CUDA_FLASH_F16");

@@ -56,8 +56,8 @@ QOut act_layout(Act act, void* scratch, int T, int64_t cols);
 // rounded to bf16 (Act::Bf16's function). With Act::Float they do so only when this is on;
 // else those run on CUDA cores in float.
 void set_tc_float_inputs(bool on);
-// Prompts' Q8_0 / Q4_0 / Q4_K products on int8 tensor cores (DORY_CUDA_TC_INT8=1 at
-// set_stream; off by default until they have run on a GPU: test_cuda_kernels turns them on).
+// Prompts' Q8_0 / Q4_0 / Q4_K products on int8 tensor cores (on by default; DORY_CUDA_TC_INT8=0
+// at set_stream turns them off, to compare with the dp4a products).
 void set_tc_int8(bool on);
 // Y[t*rows + r] = W[r] . X[t*cols] for t < T, the input taken as `act` says. Bf16 rounds in
 // the product's own loads; Block32/Block256 quantize the input to int8 and a float scale per
