@@ -271,6 +271,22 @@ class PassKeys:
 # Export
 
 
+def read_safetensors(path):
+    """The writer's counterpart (bf16, f16 and f32 tensors) -> {name: CPU tensor}."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        head = json.loads(f.read(n))
+        blob = f.read()
+    dt = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+    out = {}
+    for k, v in head.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        out[k] = torch.frombuffer(bytearray(blob[a:b]), dtype=dt[v["dtype"]]).reshape(v["shape"]).clone()
+    return out
+
+
 def write_safetensors(path, tensors):
     """Minimal safetensors writer (bf16 and f32), header padded to 8 bytes."""
     header, blobs, off = {}, [], 0
@@ -514,6 +530,8 @@ def main():
                     help="weight in the kept checkpoint's score of 4 loops' held-out loss above 2 loops'")
     ap.add_argument("--task-suite", type=int, default=2,
                     help="tasks.py's suite of the held-out task items (1: the shipped model's)")
+    ap.add_argument("--init", default="", help="start from this folder's model.safetensors "
+                    "(an earlier run's OUT/dory-mini) instead of random weights")
     ap.add_argument("--bptt", type=int, default=0,
                     help="backpropagate through the last N loop passes only (0: all)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -557,6 +575,14 @@ def main():
     g = torch.Generator(device="cuda")
     g.manual_seed(args.seed)
     model.init_weights(generator=g)
+    if args.init:
+        # Go on from an earlier run's exported weights (bf16; same config and tokenizer).
+        sd = read_safetensors(os.path.join(args.init, "model.safetensors"))
+        missing = set(model.state_dict()) ^ set(sd)
+        if missing:
+            sys.exit(f"--init {args.init}: tensors differ from the model's: {sorted(missing)[:5]}")
+        model.load_state_dict({k: v.float() for k, v in sd.items()})
+        log(f"weights from {args.init}")
     model.p_drop = args.dropout
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params:,} parameters")
