@@ -60,7 +60,7 @@ def main():
         table = {}
         for L in loops:
             for it in items:
-                body = {"prompt": T.chatml(it, answer=False), "max_tokens": 16, "temperature": 0,
+                body = {"prompt": T.chatml(it, answer=False), "max_tokens": 40, "temperature": 0,
                         "loops": L, "stop": ["<|im_end|>", "\n"]}
                 req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
                                              {"Content-Type": "application/json"})

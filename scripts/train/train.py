@@ -446,7 +446,7 @@ class TaskRows:
 
 
 @torch.no_grad()
-def eval_tasks(model, tok, items, loops, max_new=16):
+def eval_tasks(model, tok, items, loops, max_new=40):
     """Greedy answers to held-out task items through the chat template: fraction exactly right,
     per task and in all."""
     import tasks as TS
