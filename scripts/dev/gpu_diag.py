@@ -93,7 +93,7 @@ r = subprocess.run([DORY, "tokenize", "-m", mini, "--jsonl", "-"], input=__impor
                    capture_output=True, text=True, check=True)
 held = [int(x) for x in r.stdout.strip()[1:-1].split(",")][:2048]
 cpus = [logits(mini, held[w * 1024:(w + 1) * 1024], "cpu")[0] for w in range(2)]
-for label, env in (("tc+flash", {}), ("FLASH_F16=1", {"DORY_CUDA_FLASH_F16": "1"}), ("FLASH=0", {"DORY_CUDA_FLASH": "0"}),
+for label, env in (("tc+flash", {}), ("FLASH_F16=0", {"DORY_CUDA_FLASH_F16": "0"}), ("FLASH=0", {"DORY_CUDA_FLASH": "0"}),
                    ("TC=0", {"DORY_CUDA_TC": "0"})):
     t1, kl = [], []
     for w in range(2):

@@ -10,7 +10,7 @@
 //     full and sliding windows, ring caches, rows not starting at 0, against a double
 //     softmax: the CUDA-core kernel in float (tight), flash with q, k, v rounded to bf16 as
 //     it rounds them and P rounded to bf16 in its products (bound below), and flash with P
-//     and V in fp16 (cuda::set_flash_f16, DORY_CUDA_FLASH_F16=1);
+//     and V in fp16 (cuda::set_flash_f16, the default; DORY_CUDA_FLASH_F16=0: bf16);
 //   - Q8_0 / Q4_0 / Q4_K prompts on int8 tensor cores (mma m16n8k32 s8), the same integer sums;
 //   - the int8 decode fusions: a product whose input's norm comes from a sum (in_sum), and
 //     swiglu_quant (swiglu, the int8 quants of the result, its sum of squares).
@@ -305,10 +305,10 @@ void attention_case(const AttnCase& a, std::mt19937& rng) {
   float* part = up(part_h);
   std::vector<int> cnt_h(a.T * a.nh, 0);
   int* cnt = up(cnt_h);
-  const bool flashed = cuda::flash_attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_flash);
-  cuda::set_flash_f16(true);
-  cuda::flash_attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_f16);
   cuda::set_flash_f16(false);
+  const bool flashed = cuda::flash_attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_flash);
+  cuda::set_flash_f16(true);  // the default
+  cuda::flash_attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_f16);
   cuda::attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_core, part, cnt);
   const std::vector<float> of = down(out_flash, zeros.size()), oc = down(out_core, zeros.size()),
                            oh = down(out_f16, zeros.size());

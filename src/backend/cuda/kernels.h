@@ -109,8 +109,8 @@ void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int h
 // nothing launched, where it does not apply (tensor cores off, float inputs asked for, fewer
 // than 16 rows, a head dimension other than 16, 32, 64, 128 or 256).
 bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out);
-// Flash attention's P and V in fp16 instead of bf16 (DORY_CUDA_FLASH_F16=1 at set_stream; not
-// the default until it has run on a GPU: test_cuda_kernels checks both).
+// Flash attention's P and V in fp16 (the default) or bf16 (DORY_CUDA_FLASH_F16=0 at
+// set_stream); test_cuda_kernels checks both.
 void set_flash_f16(bool on);
 // One decode row (T = 1): qk_prepare and attention in one launch (the row's own key and value
 // used from the block's shared memory, written to the cache for the tokens after it). With
