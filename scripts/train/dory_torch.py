@@ -264,11 +264,14 @@ class Dory(nn.Module):
             x = self._residual(layer, x, y)
         return x
 
-    def forward(self, ids, loops=None, dtype=torch.bfloat16, bptt=0):
+    def forward(self, ids, loops=None, dtype=torch.bfloat16, bptt=0, aux=()):
         """ids [B, T] -> logits [B, T, V] (float32 math for norms, dtype for matmuls).
         bptt > 0: gradients flow through the last `bptt` passes only, the earlier ones run
         without them (truncated backpropagation through the loops, as the recurrent-depth
-        models are trained: deep counts cost little more than `bptt` passes)."""
+        models are trained: deep counts cost little more than `bptt` passes).
+        aux: pass counts (< loops) after which the output block also reads the state out;
+        then returns (logits, [logits after each of them]) (early-exit training: the read-out
+        after one pass is what the exit gates use)."""
         c = self.cfg
         loops = c.loops if loops is None else loops
         pos = torch.arange(ids.shape[1], device=ids.device)
@@ -277,13 +280,17 @@ class Dory(nn.Module):
         run = self.seq_compiled if (self.training and self.seq_compiled is not None) else self._run_seq
         inp = run(inp_r, x, pos, dtype)
         state = inp
+        early = []
         for k in range(loops):
             with torch.set_grad_enabled(torch.is_grad_enabled() and not (0 < bptt <= loops - 1 - k)):
                 h = nrm(state + inp)
                 h = run(rec_r, h, pos, dtype)
                 state = nrm(h)
+            if k + 1 in aux and k + 1 < loops:
+                early.append(self.logits(run(out_r, state, pos, dtype).to(dtype)))
         h = run(out_r, state, pos, dtype)
-        return self.logits(h.to(dtype))
+        out = self.logits(h.to(dtype))
+        return (out, early) if aux else out
 
     def forward_any(self, ids, loops=None):
         """forward() for any length: pads [B, T] on the right to whole windows (causal,

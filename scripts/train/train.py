@@ -532,6 +532,9 @@ def main():
                     help="tasks.py's suite of the held-out task items (1: the shipped model's)")
     ap.add_argument("--init", default="", help="start from this folder's model.safetensors "
                     "(an earlier run's OUT/dory-mini) instead of random weights")
+    ap.add_argument("--aux1", type=float, default=0.0,
+                    help="weight of the loss of the read-out after one pass, added on steps of "
+                    "two or more passes (early-exit training; 0: off)")
     ap.add_argument("--bptt", type=int, default=0,
                     help="backpropagate through the last N loop passes only (0: all)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -649,10 +652,19 @@ def main():
                 model(rows[:1, :-1], 1)  # fills the sliding-window mask cache eagerly
                 model.train()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(rows[:, :-1], loops, bptt=args.bptt)
+            if args.aux1 > 0 and loops > 1:
+                logits, early = model(rows[:, :-1], loops, bptt=args.bptt, aux=(1,))
+            else:
+                logits, early = model(rows[:, :-1], loops, bptt=args.bptt), []
         loss_tok = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
                                    rows[:, 1:].reshape(-1), reduction="none")
         loss = (loss_tok * weights.view(-1)).sum() / weights.sum()
+        for lg1 in early:
+            # The read-out after one pass, trained beside the last (--aux1): the exit gates
+            # let a token out on it, so it should be right where one pass is enough.
+            l1 = F.cross_entropy(lg1.float().view(-1, lg1.shape[-1]), rows[:, 1:].reshape(-1),
+                                 reduction="none")
+            loss = loss + args.aux1 * (l1 * weights.view(-1)).sum() / weights.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
