@@ -103,9 +103,11 @@ def dec_q4_tiled(b, rows, cols):
 
 def ladder(lo, step):
     """A q4tp / q2tp row's rungs: t[0] = 2^lo, t[c] = t[c-1] * 2^step, in float32, in turn."""
+    # 2^x in float64, rounded to float32 once: numpy's float32 exp2 is a SIMD approximation on
+    # some CPUs (a few ulp off on AVX-512 hosts), C's exp2f is nearly correctly rounded.
     t = np.empty(32, np.float32)
-    t[0] = np.exp2(np.float32(lo))
-    m = np.exp2(np.float32(step))
+    t[0] = np.float32(np.exp2(np.float64(np.float32(lo))))
+    m = np.float32(np.exp2(np.float64(np.float32(step))))
     for c in range(1, 32):
         t[c] = np.float32(t[c - 1] * m)
     return t
@@ -114,8 +116,8 @@ def ladder(lo, step):
 def ladders(lo, step):
     """ladder() for many rows at once (the same float32 products, in the same order)."""
     t = np.empty((len(lo), 32), np.float32)
-    t[:, 0] = np.exp2(lo.astype(np.float32))
-    m = np.exp2(step.astype(np.float32))
+    t[:, 0] = np.exp2(lo.astype(np.float32).astype(np.float64)).astype(np.float32)
+    m = np.exp2(step.astype(np.float32).astype(np.float64)).astype(np.float32)
     for c in range(1, 32):
         t[:, c] = t[:, c - 1] * m
     return t
