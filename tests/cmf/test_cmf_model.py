@@ -162,6 +162,25 @@ class CmfModel(unittest.TestCase):
                            text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("half", r.stdout)
+        # A PEFT adapter on the sharded file: what it gives on the same weights in one file.
+        one = os.path.join(d, "one")
+        os.makedirs(one, exist_ok=True)
+        shutil.copy(os.path.join(self.src, "config.json"), one)
+        W.write(os.path.join(one, "m.cmf"), base, arch=self.arch(), quant_type="BF16")
+        ad = os.path.join(d, "adapter")
+        os.makedirs(ad, exist_ok=True)
+        rng = np.random.default_rng(5)
+        rows, cols = shape
+        ST.write_f32(os.path.join(ad, "adapter_model.safetensors"), {
+            "base_model.model.%s.lora_A.weight" % target[:-len(".weight")]:
+                (rng.standard_normal((4, cols)) * 0.05).astype(np.float32),
+            "base_model.model.%s.lora_B.weight" % target[:-len(".weight")]:
+                (rng.standard_normal((rows, 4)) * 0.05).astype(np.float32)})
+        with open(os.path.join(ad, "adapter_config.json"), "w") as f:
+            json.dump({"r": 4, "lora_alpha": 8, "target_modules": ["down_proj"], "peft_type": "LORA"}, f)
+        sharded, single = lg(m, "--lora", ad), lg(os.path.join(one, "m.cmf"), "--lora", ad)
+        self.assertTrue(np.array_equal(sharded, single))
+        self.assertFalse(np.array_equal(sharded, plain))
 
     def test_skill_replaces_tensors_by_name(self):
         # A skill that changes one MLP layer's up projection: with --skill its tensor is read in
