@@ -108,6 +108,8 @@ cuda::DevMat upload_mat(DType t, const std::vector<uint8_t>& blocks, int64_t row
   return d;
 }
 
+const char* g_variant = "";  // appended to the product cases' labels (e.g. ", ldmatrix")
+
 void product_case(DType t, int64_t rows, int64_t cols, int T, std::mt19937& rng) {
   std::normal_distribution<float> N(0.0f, 1.0f);
   std::vector<float> w(rows * cols), x(T * cols);
@@ -149,8 +151,9 @@ void product_case(DType t, int64_t rows, int64_t cols, int T, std::mt19937& rng)
   }
   char what[128];
   const bool tc = T >= 16 && (half || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_K);
-  std::snprintf(what, sizeof what, "linear %s %lldx%lld, %d input rows%s", dtype_name(t), (long long)rows,
-                (long long)cols, T, tc ? (half ? " (tensor cores)" : " (int8 tensor cores)") : "");
+  std::snprintf(what, sizeof what, "linear %s %lldx%lld, %d input rows%s%s", dtype_name(t), (long long)rows,
+                (long long)cols, T, tc ? (half ? " (tensor cores" : " (int8 tensor cores") : "",
+                tc ? (std::string(g_variant) + ")").c_str() : "");
   // Relative to sum |w x|: float products and sums of 256-4096 terms, ~1e-6; a wrong block,
   // scale or lane moves a row by ~1e-1 of it.
   report(what, worst, 1e-4);
@@ -397,6 +400,17 @@ int main() {
     swiglu_quant_case(768, 256, rng);
     for (int T : {1, 5, 16, 40, 130}) product_case(DType::BF16, 300, 512, T, rng);
     product_case(DType::BF16, 1000, 2560, 100, rng);
+    // Enough tiles for 128-row input tiles (tiles x row tiles >= 2 x SMs on an H100).
+    product_case(DType::BF16, 2304, 512, 2000, rng);
+    product_case(DType::Q8_0, 2304, 512, 2000, rng);
+    // The ldmatrix kernel (DORY_CUDA_TC2=1): the same cases.
+    cuda::set_tc2(true);
+    g_variant = ", ldmatrix";
+    for (int T : {16, 40, 130}) product_case(DType::BF16, 300, 512, T, rng);
+    product_case(DType::BF16, 1000, 2560, 100, rng);
+    product_case(DType::BF16, 2304, 512, 2000, rng);
+    cuda::set_tc2(false);
+    g_variant = "";
     std::printf("attention\n");
     for (int hd : {16, 32, 64, 128, 256}) {
       attention_case({hd, 4, 2, 70, 0, 0, false}, rng);

@@ -775,6 +775,114 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+// The same product with fewer instructions a k-step (DORY_CUDA_TC2=1, opt-in until it has
+// run on a GPU): 64-column slices (half the barriers of k_lin_tc's 32) and the fragments taken
+// from shared memory by ldmatrix.x4 (one instruction a 16 x 16 A tile or two 8-row B tiles,
+// where k_lin_tc issues four 32-bit loads). Rows padded to 72 bf16 (144 bytes: 16-byte
+// aligned, the eight row addresses of a matrix on distinct banks). Needs cols % 64 == 0.
+constexpr int kTc2K = 64, kTc2Ld = kTc2K + 8;
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+template <int BM>
+__global__ void __launch_bounds__(256)
+    k_lin_tc2(LinJob job, const __nv_bfloat16* __restrict__ x, int T) {
+  constexpr int MT = BM / 32;  // m16 tiles a warp (its BM/2 rows)
+  extern __shared__ __align__(16) unsigned char tc_smem[];
+  __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(tc_smem);  // [stage][BM][kTc2Ld]
+  __nv_bfloat16* Bs = As + kTcStages * BM * kTc2Ld;                // [stage][kTcN][kTc2Ld]
+  const int64_t tile = blockIdx.x;
+  int m = 0;
+  while (tile >= job.wend[m]) ++m;
+  const int64_t r0 = (tile - (m ? job.wend[m - 1] : 0)) * kTcN, rows = job.rows[m];
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * BM, cols = job.cols;
+  const __nv_bfloat16* W = reinterpret_cast<const __nv_bfloat16*>(job.w[m]);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  const int wm = warp / 4, wn = warp % 4;
+  const int nk = static_cast<int>(cols / kTc2K);
+  auto load = [&](int stage, int kt) {
+    const int64_t k0 = static_cast<int64_t>(kt) * kTc2K;
+    __nv_bfloat16* a = As + stage * BM * kTc2Ld;
+    __nv_bfloat16* b = Bs + stage * kTcN * kTc2Ld;
+#pragma unroll
+    for (int i = tid; i < BM * 8; i += 256) {
+      const int rr = i / 8, c = i % 8;
+      const bool ok = kt < nk && t0 + rr < T;
+      cp_async16(a + rr * kTc2Ld + c * 8, ok ? x + (t0 + rr) * cols + k0 + c * 8 : x, ok);
+    }
+#pragma unroll
+    for (int i = tid; i < kTcN * 8; i += 256) {
+      const int rr = i / 8, c = i % 8;
+      const bool ok = kt < nk && r0 + rr < rows;
+      cp_async16(b + rr * kTc2Ld + c * 8, ok ? W + (r0 + rr) * cols + k0 + c * 8 : W, ok);
+    }
+  };
+  pdl_launch();
+  pdl_wait();
+#pragma unroll
+  for (int st = 0; st < kTcStages - 1; ++st) {
+    load(st, st);
+    cp_async_commit();
+  }
+  float acc[MT][4][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+  // ldmatrix row addresses: A, lane l gives row l % 16 of the m16 tile at column 8 (l / 16);
+  // B, lane l gives weight row (l % 8) + 8 (l / 16) of an n-tile pair at column 8 ((l / 8) % 2),
+  // so the four matrices are {b0, b1} of n-tile 2p and {b0, b1} of n-tile 2p + 1.
+  const int a_row = wm * (BM / 2) + lane % 16, a_col = 8 * (lane / 16);
+  const int b_row = wn * 32 + lane % 8 + 8 * (lane / 16), b_col = 8 * ((lane / 8) % 2);
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kTcStages - 2>();
+    __syncthreads();  // slice kt is in; every warp is done with the stage refilled next
+    load((kt + kTcStages - 1) % kTcStages, kt + kTcStages - 1);
+    cp_async_commit();
+    const __nv_bfloat16* a = As + (kt % kTcStages) * BM * kTc2Ld + a_row * kTc2Ld + a_col;
+    const __nv_bfloat16* b = Bs + (kt % kTcStages) * kTcN * kTc2Ld + b_row * kTc2Ld + b_col;
+#pragma unroll
+    for (int kk = 0; kk < kTc2K; kk += 16) {
+      uint32_t bf[2][4];
+      ldmatrix_x4(bf[0], b + kk);
+      ldmatrix_x4(bf[1], b + 16 * kTc2Ld + kk);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        uint32_t af[4];
+        ldmatrix_x4(af, a + i * 16 * kTc2Ld + kk);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          mma_bf16(acc[i][j], af[0], af[1], af[2], af[3], bf[j / 2][2 * (j % 2)], bf[j / 2][2 * (j % 2) + 1]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  float* y = job.y[m];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = r0 + wn * 32 + j * 8 + 2 * tq;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int64_t t = t0 + wm * (BM / 2) + i * 16 + g + 8 * hh;
+        if (t >= T) continue;
+        float* yp = y + t * rows + n;
+        if (n + 1 < rows && (rows % 2) == 0) {
+          *reinterpret_cast<float2*>(yp) = make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
+        } else {
+          if (n < rows) yp[0] = acc[i][j][2 * hh];
+          if (n + 1 < rows) yp[1] = acc[i][j][2 * hh + 1];
+        }
+      }
+    }
+}
+
 // ---- prompt attention on tensor cores (flash attention) ----
 //
 // For a pass whose rows are one sequence's consecutive positions (a prompt chunk): a block
@@ -1401,6 +1509,9 @@ bool g_tc = true, g_tc_float = false;
 // Prompts' Q8_0 / Q4_0 / Q4_K products on int8 tensor cores (k_lin_tc8, k_lin_tc8_q4k; 3-5x
 // dp4a's pp512 on an H100); DORY_CUDA_TC_INT8=0: dp4a, to compare against.
 bool g_tc_int8 = true;
+// BF16 prompts' products with k_lin_tc2 (ldmatrix, 64-column slices): DORY_CUDA_TC2=1, opt-in
+// until it has run on a GPU.
+bool g_tc2 = false;
 bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: off)
 bool g_flash_f16 = true;  // its P V in fp16 (DORY_CUDA_FLASH_F16=0: bf16)
 constexpr int kTcMinT = 16;
@@ -1538,6 +1649,8 @@ void set_stream(void* s) {
   g_tc = major >= 8 && !(tc && std::string(tc) == "0");
   const char* t8 = std::getenv("DORY_CUDA_TC_INT8");
   g_tc_int8 = !(t8 && std::string(t8) == "0");
+  const char* t2 = std::getenv("DORY_CUDA_TC2");
+  g_tc2 = t2 && std::string(t2) == "1";
   const char* fl = std::getenv("DORY_CUDA_FLASH");
   g_flash = !(fl && std::string(fl) == "0");
   const char* f16 = std::getenv("DORY_CUDA_FLASH_F16");
@@ -1550,6 +1663,10 @@ void set_flash_f16(bool on) {
 
 void set_tc_int8(bool on) {
   g_tc_int8 = on;
+}
+
+void set_tc2(bool on) {
+  g_tc2 = on;
 }
 
 void set_tc_float_inputs(bool on) {
@@ -1743,6 +1860,20 @@ void tc_launch(const LinJob& job, const __nv_bfloat16* xb, int T, int64_t tiles)
     raised = true;
   }
   launch("linear", k_lin_tc<BM>, dim3(static_cast<unsigned>(tiles), (T + BM - 1) / BM), dim3(256),
+         smem, job, xb, T);
+}
+
+template <int BM>
+void tc2_launch(const LinJob& job, const __nv_bfloat16* xb, int T, int64_t tiles) {
+  constexpr size_t smem = static_cast<size_t>(kTcStages) * (BM + kTcN) * kTc2Ld * 2;
+  static bool raised = false;  // over 48 KB of shared memory needs an opt-in
+  if (!raised) {
+    const cudaError_t e = cudaFuncSetAttribute(k_lin_tc2<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+    if (e != cudaSuccess) throw Error(std::string("CUDA: tensor-core product: ") + cudaGetErrorString(e));
+    raised = true;
+  }
+  launch("linear", k_lin_tc2<BM>, dim3(static_cast<unsigned>(tiles), (T + BM - 1) / BM), dim3(256),
          smem, job, xb, T);
 }
 
@@ -2009,10 +2140,15 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
            0, x, total, xb);
     prof_mark(g_label ? g_label : "linear", bytes);
     // 128 input rows a tile where that still gives every SM two tiles, else 64.
-    if (tiles * ((T + 127) / 128) >= 2 * sms())
+    const bool big = tiles * ((T + 127) / 128) >= 2 * sms();
+    if (g_tc2 && cols % kTc2K == 0) {
+      if (big) tc2_launch<128>(job, xb, T, tiles);
+      else tc2_launch<64>(job, xb, T, tiles);
+    } else if (big) {
       tc_launch<128>(job, xb, T, tiles);
-    else
+    } else {
       tc_launch<64>(job, xb, T, tiles);
+    }
     g_label = nullptr;
     return;
   }
