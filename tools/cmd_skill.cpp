@@ -145,10 +145,14 @@ int run_add(const SkillOpts& o) {
   l.model = Model::load(run.model_path(), run.placement());
   const cmf::File* base = l.model->weights().cmf.get();
   if (!base) throw Error(l.model->path() + ": skills live in CMF files; convert the base first (dory convert BASE OUT.cmf)");
-  if (!l.model->weights().cmf_shards.empty()) throw Error(base->path() + ": a sharded base is not supported by skill add");
-  for (const auto& s : base->sections())
-    if (std::string(s.name) == "masks" && s.len > 0)
-      throw Error(base->path() + ": a base with a masks section is not supported by skill add");
+  // A sharded base: the output is one file holding every shard's tensors (shard 1's header and
+  // tokenizer, as the loader reads them).
+  std::vector<const cmf::File*> parts{base};
+  for (const auto& f : l.model->weights().cmf_shards) parts.push_back(f.get());
+  for (const cmf::File* f : parts)
+    for (const auto& s : f->sections())
+      if (std::string(s.name) == "masks" && s.len > 0)
+        throw Error(f->path() + ": a base with a masks section is not supported by skill add");
   for (const cmf::Skill& k : base->skills())
     if (k.id == o.id) throw Error(base->path() + ": it has a skill '" + o.id + "' already");
   l.backend = run.open(l.model);
@@ -214,10 +218,12 @@ int run_add(const SkillOpts& o) {
   if (!header.contains("skills") || !header["skills"].is_array()) header["skills"] = nlohmann::json::array();
   header["skills"].push_back(rec);
   header.erase("section_hashes");  // the writer's sections are its own
+  header.erase("shard");           // one file, whatever the base's shards
   cmf::Writer wr(header.dump());
   if (!base->vocab().empty()) wr.set_vocab(std::string(base->vocab()));
-  for (const cmf::Tensor& t : base->tensors())
-    wr.add(t.name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+  for (const cmf::File* f : parts)
+    for (const cmf::Tensor& t : f->tensors())
+      wr.add(t.name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes));
   uint64_t added = 0;
   for (const auto& [name, f] : changed) {
     const auto& shape = base_by[name]->shape;

@@ -181,6 +181,25 @@ class CmfModel(unittest.TestCase):
         sharded, single = lg(m, "--lora", ad), lg(os.path.join(one, "m.cmf"), "--lora", ad)
         self.assertTrue(np.array_equal(sharded, single))
         self.assertFalse(np.array_equal(sharded, plain))
+        # dory skill add on the sharded base: one file with every shard's tensors and both
+        # skills, the new one the fine-tune's logits exactly.
+        ft = os.path.join(d, "ft")
+        os.makedirs(ft, exist_ok=True)
+        shutil.copy(os.path.join(self.src, "config.json"), ft)
+        up = "backbone.layers.%d.mixer.up_proj.weight" % mlp
+        W.write(os.path.join(ft, "m.cmf"), [(n, t_, s_, (((bf16_to_f32(r) * 2.0).astype(np.float32).view(np.uint32)
+                                                          >> 16).astype(np.uint16).tobytes() if n == up else r))
+                                            for n, t_, s_, r in base], arch=self.arch(), quant_type="BF16")
+        pf = os.path.join(d, "p.ids")
+        with open(pf, "w") as f:
+            f.write("1,2,3,4\n5,6,7,8\n9,10,11,12\n")
+        added = os.path.join(d, "added.cmf")
+        r = subprocess.run([DORY, "skill", "add", "-m", m, "--from", os.path.join(ft, "m.cmf"), "--id", "double",
+                            "--prompt-ids", pf, "-o", added], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(np.array_equal(lg(added, "--skill", "double"), lg(os.path.join(ft, "m.cmf"))))
+        self.assertTrue(np.array_equal(lg(added, "--skill", "half"), ref))
+        self.assertTrue(np.array_equal(lg(added), plain))
 
     def test_skill_replaces_tensors_by_name(self):
         # A skill that changes one MLP layer's up projection: with --skill its tensor is read in
