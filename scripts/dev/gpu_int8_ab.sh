@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The int8 decode fusions and int8 tensor-core prompts against their defaults (then the BF16
-# ldmatrix product, and a prompt profile), alternated on
+# prompt products: ldmatrix, cuBLAS; and a prompt profile), alternated on
 # the 4B shape (Q4_K_M and Q8_0; the files are made if missing). Appends to $L.
 #   L=$OUT/log.txt bash scripts/dev/gpu_int8_ab.sh
 set -uo pipefail
@@ -20,11 +20,17 @@ for v in 1 0 1 0; do
     echo "$m tc_int8=$v $(DORY_CUDA_TC_INT8=$v pp /tmp/$m.gguf)" | tee -a $L
   done
 done
-# The ldmatrix BF16 prompt product (DORY_CUDA_TC2=1) against the default, alternated, and where
-# a BF16 prompt's time goes (DORY_CUDA_PROFILE=1: every launch timed; to $OUT/profile_pp.txt).
-for v in 1 0 1 0; do
-  for p in 512 4096; do
-    echo "bf16 tc2=$v $(DORY_CUDA_TC2=$v build/dory bench --device cuda -m /tmp/dory4b -p $p -n 0 -r 1 2>&1 | grep -E '\| pp[0-9]')" | tee -a $L
+# BF16 prompts: the default tensor-core product, the ldmatrix one (DORY_CUDA_TC2=1) and cuBLAS
+# (DORY_CUDA_CUBLAS=1), alternated; then where a BF16 prompt's time goes, default and cuBLAS
+# (DORY_CUDA_PROFILE=1: every launch timed; to $OUT/profile_pp.txt).
+for r in 1 2; do
+  for v in "" DORY_CUDA_TC2=1 DORY_CUDA_CUBLAS=1; do
+    for p in 512 4096; do
+      echo "bf16 ${v:-default} $(env $v build/dory bench --device cuda -m /tmp/dory4b -p $p -n 0 -r 1 2>&1 | grep -E '\| pp[0-9]|rror')" | tee -a $L
+    done
   done
 done
-DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m /tmp/dory4b -p 512 -n 0 -r 1 > ${OUT:-/tmp}/profile_pp.txt 2>&1
+for v in "" DORY_CUDA_CUBLAS=1; do
+  echo "== ${v:-default}" >> ${OUT:-/tmp}/profile_pp.txt
+  env $v DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m /tmp/dory4b -p 512 -n 0 -r 1 >> ${OUT:-/tmp}/profile_pp.txt 2>&1
+done

@@ -410,6 +410,16 @@ int main() {
     product_case(DType::BF16, 1000, 2560, 100, rng);
     product_case(DType::BF16, 2304, 512, 2000, rng);
     cuda::set_tc2(false);
+    // cuBLAS (DORY_CUDA_CUBLAS=1), where it can be loaded.
+    if (cuda::set_cublas(true)) {
+      g_variant = ", cuBLAS";
+      for (int T : {16, 130}) product_case(DType::BF16, 300, 512, T, rng);
+      product_case(DType::BF16, 1000, 2560, 100, rng);
+      product_case(DType::BF16, 2304, 512, 2000, rng);
+      cuda::set_cublas(false);
+    } else {
+      std::printf("  cuBLAS: not loadable here, its cases skipped\n");
+    }
     g_variant = "";
     std::printf("attention\n");
     for (int hd : {16, 32, 64, 128, 256}) {

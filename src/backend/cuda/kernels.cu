@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/cublas.h"
 #include "dory/error.h"
 
 namespace dory::cuda {
@@ -1512,6 +1513,8 @@ bool g_tc_int8 = true;
 // BF16 prompts' products with k_lin_tc2 (ldmatrix, 64-column slices): DORY_CUDA_TC2=1, opt-in
 // until it has run on a GPU.
 bool g_tc2 = false;
+// BF16 prompts' products through cuBLAS (cublas.cpp; DORY_CUDA_CUBLAS=1, opt-in until measured).
+bool g_cublas = false;
 bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: off)
 bool g_flash_f16 = true;  // its P V in fp16 (DORY_CUDA_FLASH_F16=0: bf16)
 constexpr int kTcMinT = 16;
@@ -1651,6 +1654,12 @@ void set_stream(void* s) {
   g_tc_int8 = !(t8 && std::string(t8) == "0");
   const char* t2 = std::getenv("DORY_CUDA_TC2");
   g_tc2 = t2 && std::string(t2) == "1";
+  const char* cb = std::getenv("DORY_CUDA_CUBLAS");
+  g_cublas = cb && std::string(cb) == "1";
+  if (g_cublas) {
+    std::string why;
+    if (!cublas_available(&why)) throw Error("DORY_CUDA_CUBLAS=1: " + why);
+  }
   const char* fl = std::getenv("DORY_CUDA_FLASH");
   g_flash = !(fl && std::string(fl) == "0");
   const char* f16 = std::getenv("DORY_CUDA_FLASH_F16");
@@ -1667,6 +1676,11 @@ void set_tc_int8(bool on) {
 
 void set_tc2(bool on) {
   g_tc2 = on;
+}
+
+bool set_cublas(bool on) {
+  g_cublas = on && cublas_available();
+  return g_cublas == on;
 }
 
 void set_tc_float_inputs(bool on) {
@@ -2139,6 +2153,13 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
            dim3(static_cast<unsigned>(std::min<int64_t>(4096, (total / 4 + 255) / 256))), dim3(256),
            0, x, total, xb);
     prof_mark(g_label ? g_label : "linear", bytes);
+    if (g_cublas) {
+      for (int i = 0; i < n; ++i)
+        cublas_gemm_bf16(ws[i].data, ws[i].rows, cols, xb, T, ys[i], g_stream);
+      g_label = nullptr;
+      check_last("linear");
+      return;
+    }
     // 128 input rows a tile where that still gives every SM two tiles, else 64.
     const bool big = tiles * ((T + 127) / 128) >= 2 * sms();
     if (g_tc2 && cols % kTc2K == 0) {

@@ -62,6 +62,9 @@ void set_tc_int8(bool on);
 // BF16 prompts' products with ldmatrix and 64-column slices (DORY_CUDA_TC2=1 at set_stream; off
 // by default until it has run on a GPU: test_cuda_kernels checks both).
 void set_tc2(bool on);
+// BF16 prompts' products through cuBLAS, loaded at run time (DORY_CUDA_CUBLAS=1 at set_stream;
+// off by default until measured). Returns false when asked on and cuBLAS cannot be loaded.
+bool set_cublas(bool on);
 // Y[t*rows + r] = W[r] . X[t*cols] for t < T, the input taken as `act` says. Bf16 rounds in
 // the product's own loads; Block32/Block256 quantize the input to int8 and a float scale per
 // block into `scratch` (T x cols x 4 bytes is enough) and the product takes integer dot
