@@ -34,3 +34,12 @@ for v in "" DORY_CUDA_CUBLAS=1; do
   echo "== ${v:-default}" >> ${OUT:-/tmp}/profile_pp.txt
   env $v DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m /tmp/dory4b -p 512 -n 0 -r 1 >> ${OUT:-/tmp}/profile_pp.txt 2>&1
 done
+# Decode attention's split count (DORY_CUDA_ATT_SPLITS; default 2 x SMs / heads = 16 on the
+# 4B shape): at a short context (tg64 from an empty cache) and at 4k (-d 4096).
+for r in 1 2; do
+  for sp in "" 1 4; do
+    for d in 0 4096; do
+      echo "q4 att_splits=${sp:-default} depth $d $(DORY_CUDA_ATT_SPLITS=$sp build/dory bench --device cuda -m /tmp/q4.gguf -p 0 -n 64 -r 2 -d $d 2>&1 | grep -E '\| tg[0-9]|rror')" | tee -a $L
+    done
+  done
+done

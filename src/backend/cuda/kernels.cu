@@ -2292,6 +2292,13 @@ void qk_prepare(float* q, float* k, const float* v, const float* q_scale, const 
 }
 
 int attention_splits(int T, int nh) {
+  // DORY_CUDA_ATT_SPLITS=N fixes the count (1-32) for every pass: to measure what the splits
+  // cost a decode token at short contexts against what they buy at long ones.
+  static const int fixed = [] {
+    const char* e = std::getenv("DORY_CUDA_ATT_SPLITS");
+    return e && *e ? std::max(1, std::min(32, std::atoi(e))) : 0;
+  }();
+  if (fixed) return fixed;
   const int s = 2 * sms() / std::max(1, T * nh);
   return std::max(1, std::min(32, s));
 }
