@@ -10,12 +10,12 @@ L=${L:-/dev/stdout}
 [ -f /tmp/q8.gguf ] || build/dory quantize /tmp/dory4b /tmp/q8.gguf --type q8_0 -q
 tg() { build/dory bench --device cuda -m "$1" -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg[0-9]'; }
 pp() { build/dory bench --device cuda -m "$1" -p 512 -n 0 -r 1 2>&1 | grep -E '\| pp[0-9]'; }
-for f in 1 0 1 0; do
+for f in 1 0; do
   for m in q4 q8; do
     echo "$m fuse_int8=$f $(DORY_CUDA_FUSE_INT8=$f tg /tmp/$m.gguf)" | tee -a $L
   done
 done
-for v in 1 0 1 0; do
+for v in 1 0; do
   for m in q8 q4; do
     echo "$m tc_int8=$v $(DORY_CUDA_TC_INT8=$v pp /tmp/$m.gguf)" | tee -a $L
   done
