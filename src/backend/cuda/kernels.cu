@@ -681,6 +681,33 @@ __global__ void k_to_bf16(const float* x, int64_t total, __nv_bfloat16* out) {
   }
 }
 
+// A block's BM x 128 tile of Y from its 8 warps' m16n8 accumulators (warp (wm, wn) holds rows
+// wm BM/2 + 16 i + g (+8), columns wn 32 + 8 j + 2 tq (+1)): the tensor-core kernels' epilogue.
+template <int BM>
+__device__ __forceinline__ void store_tc_tile(float* y, const float (&acc)[BM / 32][4][4], int64_t r0,
+                                              int64_t t0, int T, int64_t rows) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int wm = warp / 4, wn = warp % 4;
+#pragma unroll
+  for (int i = 0; i < BM / 32; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = r0 + wn * 32 + j * 8 + 2 * tq;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int64_t t = t0 + wm * (BM / 2) + i * 16 + g + 8 * hh;
+        if (t >= T) continue;
+        float* yp = y + t * rows + n;
+        if (n + 1 < rows && (rows % 2) == 0) {
+          *reinterpret_cast<float2*>(yp) = make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
+        } else {
+          if (n < rows) yp[0] = acc[i][j][2 * hh];
+          if (n + 1 < rows) yp[1] = acc[i][j][2 * hh + 1];
+        }
+      }
+    }
+}
+
 template <int BM>
 __global__ void __launch_bounds__(256)
     k_lin_tc(LinJob job, const __nv_bfloat16* __restrict__ x, int T) {
@@ -755,25 +782,7 @@ __global__ void __launch_bounds__(256)
     }
   }
   cp_async_wait<0>();
-  float* y = job.y[m];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t n = r0 + wn * 32 + j * 8 + 2 * tq;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int64_t t = t0 + wm * (BM / 2) + i * 16 + g + 8 * hh;
-        if (t >= T) continue;
-        float* yp = y + t * rows + n;
-        if (n + 1 < rows && (rows % 2) == 0) {
-          *reinterpret_cast<float2*>(yp) = make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
-        } else {
-          if (n < rows) yp[0] = acc[i][j][2 * hh];
-          if (n + 1 < rows) yp[1] = acc[i][j][2 * hh + 1];
-        }
-      }
-    }
+  store_tc_tile<BM>(job.y[m], acc, r0, t0, T, rows);
 }
 
 // The same product with fewer instructions a k-step (DORY_CUDA_TC2=1, opt-in until it has
@@ -803,7 +812,7 @@ __global__ void __launch_bounds__(256)
   const int64_t r0 = (tile - (m ? job.wend[m - 1] : 0)) * kTcN, rows = job.rows[m];
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * BM, cols = job.cols;
   const __nv_bfloat16* W = reinterpret_cast<const __nv_bfloat16*>(job.w[m]);
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wm = warp / 4, wn = warp % 4;
   const int nk = static_cast<int>(cols / kTc2K);
   auto load = [&](int stage, int kt) {
@@ -863,25 +872,7 @@ __global__ void __launch_bounds__(256)
     }
   }
   cp_async_wait<0>();
-  float* y = job.y[m];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t n = r0 + wn * 32 + j * 8 + 2 * tq;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int64_t t = t0 + wm * (BM / 2) + i * 16 + g + 8 * hh;
-        if (t >= T) continue;
-        float* yp = y + t * rows + n;
-        if (n + 1 < rows && (rows % 2) == 0) {
-          *reinterpret_cast<float2*>(yp) = make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
-        } else {
-          if (n < rows) yp[0] = acc[i][j][2 * hh];
-          if (n + 1 < rows) yp[1] = acc[i][j][2 * hh + 1];
-        }
-      }
-    }
+  store_tc_tile<BM>(job.y[m], acc, r0, t0, T, rows);
 }
 
 // ---- prompt attention on tensor cores (flash attention) ----
@@ -1738,26 +1729,6 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
 
 // The int8 tensor-core kernels' epilogue: a warp's BM/2 x 32 of the tile (m16n8 accumulator
 // layout: rows g and g + 8, columns 2 tq and 2 tq + 1) to Y, the rows and inputs that exist.
-template <int BM>
-__device__ __forceinline__ void store_tc8_tile(float* y, const float (&acc)[BM / 32][4][4], int64_t r0,
-                                               int64_t t0, int T, int64_t rows) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-  const int wm = warp / 4, wn = warp % 4;
-#pragma unroll
-  for (int i = 0; i < BM / 32; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t n = r0 + wn * 32 + j * 8 + 2 * tq;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int64_t t = t0 + wm * (BM / 2) + i * 16 + g + 8 * hh;
-        if (t >= T) continue;
-        float* yp = y + t * rows + n;
-        if (n < rows) yp[0] = acc[i][j][2 * hh];
-        if (n + 1 < rows) yp[1] = acc[i][j][2 * hh + 1];
-      }
-    }
-}
 
 template <int DT, int BM>
 __global__ void __launch_bounds__(256)
@@ -1860,7 +1831,7 @@ __global__ void __launch_bounds__(256)
     }
   }
   cp_async_wait<0>();
-  store_tc8_tile<BM>(job.y[m], acc, r0, t0, T, rows);
+  store_tc_tile<BM>(job.y[m], acc, r0, t0, T, rows);
 }
 
 template <int BM>
@@ -2027,7 +1998,7 @@ __global__ void __launch_bounds__(256)
     }
   }
   cp_async_wait<0>();
-  store_tc8_tile<BM>(job.y[m], acc, r0, t0, T, rows);
+  store_tc_tile<BM>(job.y[m], acc, r0, t0, T, rows);
 }
 
 template <int BM>
