@@ -41,6 +41,17 @@ int run_cmf_info(const std::string& path, const std::string& dump, const std::st
               f->version(), f->features());
   for (const cmf::Section& s : f->sections())
     if (s.len) std::printf("section        %-9s offset %llu, %s\n", s.name, (unsigned long long)s.off, human_bytes(s.len).c_str());
+  // A shard: where the rest of the model is, and whose header, tokenizer and skills it runs with.
+  const std::vector<std::string> shards = cmf::shard_paths(path);
+  std::unique_ptr<cmf::File> first;
+  if (shards.size() > 1) {
+    size_t no = 0;
+    while (no < shards.size() && shards[no] != path) ++no;
+    std::printf("shard          %zu of %zu (the model: all %zu files; header, tokenizer and skills from %s)\n", no + 1,
+                shards.size(), shards.size(), shards[0].c_str());
+    if (no != 0) first = cmf::File::open(shards[0]);
+  }
+  const cmf::File& head = first ? *first : *f;
   std::printf("quant_type     %s\n", f->quant_type().c_str());
   std::printf("arch           %s\n", f->arch_json().c_str());
   std::map<std::string, std::pair<int64_t, uint64_t>> mix;
@@ -60,13 +71,14 @@ int run_cmf_info(const std::string& path, const std::string& dump, const std::st
   for (const auto& [name, m] : mix)
     std::printf("dtype          %-9s %5lld tensors, %s: %s\n", name.c_str(), (long long)m.first,
                 human_bytes(m.second).c_str(), runs_as(name));
-  for (const cmf::Skill& k : f->skills()) {
+  for (const cmf::Skill& k : head.skills()) {
     std::string layers;
     for (int64_t l : k.layers) layers += (layers.empty() ? "" : ",") + std::to_string(l);
     std::printf("skill          %s%s%s, layers [%s]%s\n", k.id.c_str(), k.name.empty() ? "" : " (", k.name.empty() ? "" : (k.name + ")").c_str(),
                 layers.c_str(), k.routable ? ", routable" : "");
   }
-  std::printf("tokenizer      %s\n", f->vocab().empty() ? "none" : ("tokenizer.json, " + human_bytes(f->vocab().size())).c_str());
+  std::printf("tokenizer      %s\n",
+              head.vocab().empty() ? "none" : ("tokenizer.json, " + human_bytes(head.vocab().size())).c_str());
   std::printf("run            -m %s (Dory's config from the header's arch, with a config.json beside the file "
               "if there is one)\n",
               path.c_str());

@@ -158,10 +158,11 @@ class CmfModel(unittest.TestCase):
         self.assertTrue(np.array_equal(with_skill, ref))
         self.assertTrue(np.array_equal(plain, self.logits(self.src)))
         self.assertFalse(np.array_equal(with_skill, plain))
-        r = subprocess.run([DORY, "info", "-m", os.path.join(d, "m-00001-of-00002.cmf")], capture_output=True,
-                           text=True)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("half", r.stdout)
+        for shard in ("m-00001-of-00002.cmf", "m-00002-of-00002.cmf"):
+            r = subprocess.run([DORY, "info", "-m", os.path.join(d, shard)], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertRegex(r.stdout, r"skill +half \(a halved down projection\)")
+            self.assertRegex(r.stdout, r"shard +%s of 2" % shard[6])
         # A PEFT adapter on the sharded file: what it gives on the same weights in one file.
         one = os.path.join(d, "one")
         os.makedirs(one, exist_ok=True)
