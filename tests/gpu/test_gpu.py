@@ -274,6 +274,20 @@ class BuiltinModel(unittest.TestCase):
         self.agreement(MINI, "built-in BF16, flash attention off", env={"DORY_CUDA_FLASH": "0"},
                        min_top1=0.99, max_kl=1e-4)
 
+    def test_bf16_prompt_product_variants(self):
+        # The prompts' BF16 products through the ldmatrix kernel (DORY_CUDA_TC2=1) and through
+        # cuBLAS (DORY_CUDA_CUBLAS=1), both opt-in until measured: the default kernel's function
+        # (bf16 inputs, float sums) in another order, so the built-in model stays as near the
+        # CPU as with the default (test_bf16_agreement's bounds for default inputs).
+        for env, label in (({"DORY_CUDA_TC2": "1"}, "ldmatrix"), ({"DORY_CUDA_CUBLAS": "1"}, "cuBLAS")):
+            try:
+                self.agreement(MINI, "built-in BF16, prompt products via " + label, env=env, min_top1=0.99,
+                               max_kl=1e-4)
+            except AssertionError as e:
+                if "DORY_CUDA_CUBLAS=1:" not in str(e):
+                    raise
+                print("  cuBLAS cannot be loaded here (%s): its case skipped" % str(e).splitlines()[-1], flush=True)
+
     def kquant_agreement(self, t):
         # Against the CPU's scalar set, held to the CPU's own spread (its default set against
         # scalar) on the same positions: int8 inputs on both sides, so both differences are
