@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the ldmatrix tensor-core product (kernels.cu, k_lin_tc2) on the host: each lane's
+"""Checks the ldmatrix tensor-core product (kernels.cu, k_lin_tc<BM, true>) on the host: each lane's
 ldmatrix.x4 row address (A: row lane % 16 of the m16 tile at column 8 (lane / 16); B: weight
 row (lane % 8) + 8 (lane / 16) of an n-tile pair at column 8 ((lane / 8) % 2)), ldmatrix's
 distribution (lane l gets row l / 4, elements 2 (l % 4) and +1 of matrix i into register i,

@@ -633,7 +633,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 // in a 3-stage cp.async pipeline (16-byte copies, zero-filled past the edges). Rows padded by
 // 8 bf16 in shared memory: the fragments' 32-bit loads hit 32 distinct banks. Row tiles never
 // straddle two matrices of a job (tile counts per matrix in job.wend).
-constexpr int kTcN = 128, kTcK = 32, kTcStages = 3, kTcLd = kTcK + 8;
+constexpr int kTcN = 128, kTcK = 32, kTcStages = 3;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool ok) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -708,13 +708,28 @@ __device__ __forceinline__ void store_tc_tile(float* y, const float (&acc)[BM / 
     }
 }
 
-template <int BM>
+// The same product with fewer instructions a k-step (LDM, DORY_CUDA_TC2=1, opt-in until it has
+// run on a GPU): 64-column slices (half the barriers of the 32-column ones) and the fragments
+// taken from shared memory by ldmatrix.x4 (one instruction a 16 x 16 A tile or two 8-row B
+// tiles, where the default issues four 32-bit loads). Its rows padded to 72 bf16 (144 bytes:
+// 16-byte aligned, the eight row addresses of a matrix on distinct banks). Needs cols % 64 == 0.
+constexpr int kTc2K = 64;
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+template <int BM, bool LDM>
 __global__ void __launch_bounds__(256)
     k_lin_tc(LinJob job, const __nv_bfloat16* __restrict__ x, int T) {
   constexpr int MT = BM / 32;  // m16 tiles a warp (its BM/2 rows)
+  constexpr int BK = LDM ? kTc2K : kTcK, LD = BK + 8, CH = BK / 8;  // CH: 16-byte copies a row
   extern __shared__ __align__(16) unsigned char tc_smem[];
-  __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(tc_smem);  // [stage][BM][kTcLd]
-  __nv_bfloat16* Bs = As + kTcStages * BM * kTcLd;                 // [stage][kTcN][kTcLd]
+  __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(tc_smem);  // [stage][BM][LD]
+  __nv_bfloat16* Bs = As + kTcStages * BM * LD;                    // [stage][kTcN][LD]
   const int64_t tile = blockIdx.x;
   int m = 0;
   while (tile >= job.wend[m]) ++m;
@@ -723,22 +738,22 @@ __global__ void __launch_bounds__(256)
   const __nv_bfloat16* W = reinterpret_cast<const __nv_bfloat16*>(job.w[m]);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
   const int wm = warp / 4, wn = warp % 4;
-  const int nk = static_cast<int>(cols / kTcK);
+  const int nk = static_cast<int>(cols / BK);
   auto load = [&](int stage, int kt) {
-    const int64_t k0 = static_cast<int64_t>(kt) * kTcK;
-    __nv_bfloat16* a = As + stage * BM * kTcLd;
-    __nv_bfloat16* b = Bs + stage * kTcN * kTcLd;
+    const int64_t k0 = static_cast<int64_t>(kt) * BK;
+    __nv_bfloat16* a = As + stage * BM * LD;
+    __nv_bfloat16* b = Bs + stage * kTcN * LD;
 #pragma unroll
-    for (int i = tid; i < BM * 4; i += 256) {
-      const int rr = i / 4, c = i % 4;
+    for (int i = tid; i < BM * CH; i += 256) {
+      const int rr = i / CH, c = i % CH;
       const bool ok = kt < nk && t0 + rr < T;
-      cp_async16(a + rr * kTcLd + c * 8, ok ? x + (t0 + rr) * cols + k0 + c * 8 : x, ok);
+      cp_async16(a + rr * LD + c * 8, ok ? x + (t0 + rr) * cols + k0 + c * 8 : x, ok);
     }
 #pragma unroll
-    for (int i = tid; i < kTcN * 4; i += 256) {
-      const int rr = i / 4, c = i % 4;
+    for (int i = tid; i < kTcN * CH; i += 256) {
+      const int rr = i / CH, c = i % CH;
       const bool ok = kt < nk && r0 + rr < rows;
-      cp_async16(b + rr * kTcLd + c * 8, ok ? W + (r0 + rr) * cols + k0 + c * 8 : W, ok);
+      cp_async16(b + rr * LD + c * 8, ok ? W + (r0 + rr) * cols + k0 + c * 8 : W, ok);
     }
   };
   // The weights are never written: their first slices may load before the wait (pdl_wait).
@@ -754,120 +769,50 @@ __global__ void __launch_bounds__(256)
   for (int i = 0; i < MT; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+  // A lane's first element in a stage. Scalar loads: A row g, B row g of the warp's tiles, at
+  // column 2 tq. ldmatrix row addresses: A, lane l gives row l % 16 of the m16 tile at column
+  // 8 (l / 16); B, lane l gives weight row (l % 8) + 8 (l / 16) of an n-tile pair at column
+  // 8 ((l / 8) % 2), so the four matrices are {b0, b1} of n-tile 2p and {b0, b1} of 2p + 1.
+  const int a_off = LDM ? (wm * (BM / 2) + lane % 16) * LD + 8 * (lane / 16) : (wm * (BM / 2) + g) * LD + 2 * tq;
+  const int b_off = LDM ? (wn * 32 + lane % 8 + 8 * (lane / 16)) * LD + 8 * ((lane / 8) % 2)
+                        : (wn * 32 + g) * LD + 2 * tq;
   for (int kt = 0; kt < nk; ++kt) {
     cp_async_wait<kTcStages - 2>();
     __syncthreads();  // slice kt is in; every warp is done with the stage refilled next
     load((kt + kTcStages - 1) % kTcStages, kt + kTcStages - 1);
     cp_async_commit();
-    const __nv_bfloat16* a = As + (kt % kTcStages) * BM * kTcLd + (wm * (BM / 2) + g) * kTcLd + 2 * tq;
-    const __nv_bfloat16* b = Bs + (kt % kTcStages) * kTcN * kTcLd + (wn * 32 + g) * kTcLd + 2 * tq;
+    const __nv_bfloat16* a = As + (kt % kTcStages) * BM * LD + a_off;
+    const __nv_bfloat16* b = Bs + (kt % kTcStages) * kTcN * LD + b_off;
 #pragma unroll
-    for (int kk = 0; kk < kTcK; kk += 16) {
+    for (int kk = 0; kk < BK; kk += 16) {
       uint32_t bf[4][2];
+      if constexpr (LDM) {
+        uint32_t r[2][4];
+        ldmatrix_x4(r[0], b + kk);
+        ldmatrix_x4(r[1], b + 16 * LD + kk);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        bf[j][0] = *reinterpret_cast<const uint32_t*>(b + j * 8 * kTcLd + kk);
-        bf[j][1] = *reinterpret_cast<const uint32_t*>(b + j * 8 * kTcLd + kk + 8);
+        for (int j = 0; j < 4; ++j) bf[j][0] = r[j / 2][2 * (j % 2)], bf[j][1] = r[j / 2][2 * (j % 2) + 1];
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          bf[j][0] = *reinterpret_cast<const uint32_t*>(b + j * 8 * LD + kk);
+          bf[j][1] = *reinterpret_cast<const uint32_t*>(b + j * 8 * LD + kk + 8);
+        }
       }
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
-        const __nv_bfloat16* ai = a + i * 16 * kTcLd + kk;
-        const uint32_t a0 = *reinterpret_cast<const uint32_t*>(ai);
-        const uint32_t a1 = *reinterpret_cast<const uint32_t*>(ai + 8 * kTcLd);
-        const uint32_t a2 = *reinterpret_cast<const uint32_t*>(ai + 8);
-        const uint32_t a3 = *reinterpret_cast<const uint32_t*>(ai + 8 * kTcLd + 8);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) mma_bf16(acc[i][j], a0, a1, a2, a3, bf[j][0], bf[j][1]);
-      }
-    }
-  }
-  cp_async_wait<0>();
-  store_tc_tile<BM>(job.y[m], acc, r0, t0, T, rows);
-}
-
-// The same product with fewer instructions a k-step (DORY_CUDA_TC2=1, opt-in until it has
-// run on a GPU): 64-column slices (half the barriers of k_lin_tc's 32) and the fragments taken
-// from shared memory by ldmatrix.x4 (one instruction a 16 x 16 A tile or two 8-row B tiles,
-// where k_lin_tc issues four 32-bit loads). Rows padded to 72 bf16 (144 bytes: 16-byte
-// aligned, the eight row addresses of a matrix on distinct banks). Needs cols % 64 == 0.
-constexpr int kTc2K = 64, kTc2Ld = kTc2K + 8;
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-template <int BM>
-__global__ void __launch_bounds__(256)
-    k_lin_tc2(LinJob job, const __nv_bfloat16* __restrict__ x, int T) {
-  constexpr int MT = BM / 32;  // m16 tiles a warp (its BM/2 rows)
-  extern __shared__ __align__(16) unsigned char tc_smem[];
-  __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(tc_smem);  // [stage][BM][kTc2Ld]
-  __nv_bfloat16* Bs = As + kTcStages * BM * kTc2Ld;                // [stage][kTcN][kTc2Ld]
-  const int64_t tile = blockIdx.x;
-  int m = 0;
-  while (tile >= job.wend[m]) ++m;
-  const int64_t r0 = (tile - (m ? job.wend[m - 1] : 0)) * kTcN, rows = job.rows[m];
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * BM, cols = job.cols;
-  const __nv_bfloat16* W = reinterpret_cast<const __nv_bfloat16*>(job.w[m]);
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int wm = warp / 4, wn = warp % 4;
-  const int nk = static_cast<int>(cols / kTc2K);
-  auto load = [&](int stage, int kt) {
-    const int64_t k0 = static_cast<int64_t>(kt) * kTc2K;
-    __nv_bfloat16* a = As + stage * BM * kTc2Ld;
-    __nv_bfloat16* b = Bs + stage * kTcN * kTc2Ld;
-#pragma unroll
-    for (int i = tid; i < BM * 8; i += 256) {
-      const int rr = i / 8, c = i % 8;
-      const bool ok = kt < nk && t0 + rr < T;
-      cp_async16(a + rr * kTc2Ld + c * 8, ok ? x + (t0 + rr) * cols + k0 + c * 8 : x, ok);
-    }
-#pragma unroll
-    for (int i = tid; i < kTcN * 8; i += 256) {
-      const int rr = i / 8, c = i % 8;
-      const bool ok = kt < nk && r0 + rr < rows;
-      cp_async16(b + rr * kTc2Ld + c * 8, ok ? W + (r0 + rr) * cols + k0 + c * 8 : W, ok);
-    }
-  };
-  pdl_launch();
-  pdl_wait();
-#pragma unroll
-  for (int st = 0; st < kTcStages - 1; ++st) {
-    load(st, st);
-    cp_async_commit();
-  }
-  float acc[MT][4][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
-  // ldmatrix row addresses: A, lane l gives row l % 16 of the m16 tile at column 8 (l / 16);
-  // B, lane l gives weight row (l % 8) + 8 (l / 16) of an n-tile pair at column 8 ((l / 8) % 2),
-  // so the four matrices are {b0, b1} of n-tile 2p and {b0, b1} of n-tile 2p + 1.
-  const int a_row = wm * (BM / 2) + lane % 16, a_col = 8 * (lane / 16);
-  const int b_row = wn * 32 + lane % 8 + 8 * (lane / 16), b_col = 8 * ((lane / 8) % 2);
-  for (int kt = 0; kt < nk; ++kt) {
-    cp_async_wait<kTcStages - 2>();
-    __syncthreads();  // slice kt is in; every warp is done with the stage refilled next
-    load((kt + kTcStages - 1) % kTcStages, kt + kTcStages - 1);
-    cp_async_commit();
-    const __nv_bfloat16* a = As + (kt % kTcStages) * BM * kTc2Ld + a_row * kTc2Ld + a_col;
-    const __nv_bfloat16* b = Bs + (kt % kTcStages) * kTcN * kTc2Ld + b_row * kTc2Ld + b_col;
-#pragma unroll
-    for (int kk = 0; kk < kTc2K; kk += 16) {
-      uint32_t bf[2][4];
-      ldmatrix_x4(bf[0], b + kk);
-      ldmatrix_x4(bf[1], b + 16 * kTc2Ld + kk);
-#pragma unroll
-      for (int i = 0; i < MT; ++i) {
+        const __nv_bfloat16* ai = a + i * 16 * LD + kk;
         uint32_t af[4];
-        ldmatrix_x4(af, a + i * 16 * kTc2Ld + kk);
+        if constexpr (LDM) {
+          ldmatrix_x4(af, ai);
+        } else {
+          af[0] = *reinterpret_cast<const uint32_t*>(ai);
+          af[1] = *reinterpret_cast<const uint32_t*>(ai + 8 * LD);
+          af[2] = *reinterpret_cast<const uint32_t*>(ai + 8);
+          af[3] = *reinterpret_cast<const uint32_t*>(ai + 8 * LD + 8);
+        }
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          mma_bf16(acc[i][j], af[0], af[1], af[2], af[3], bf[j / 2][2 * (j % 2)], bf[j / 2][2 * (j % 2) + 1]);
+        for (int j = 0; j < 4; ++j) mma_bf16(acc[i][j], af[0], af[1], af[2], af[3], bf[j][0], bf[j][1]);
       }
     }
   }
@@ -1501,7 +1446,7 @@ bool g_tc = true, g_tc_float = false;
 // Prompts' Q8_0 / Q4_0 / Q4_K products on int8 tensor cores (k_lin_tc8, k_lin_tc8_q4k; 3-5x
 // dp4a's pp512 on an H100); DORY_CUDA_TC_INT8=0: dp4a, to compare against.
 bool g_tc_int8 = true;
-// BF16 prompts' products with k_lin_tc2 (ldmatrix, 64-column slices): DORY_CUDA_TC2=1, opt-in
+// BF16 prompts' products with k_lin_tc<BM, true> (ldmatrix, 64-column slices): DORY_CUDA_TC2=1, opt-in
 // until it has run on a GPU.
 bool g_tc2 = false;
 // BF16 prompts' products through cuBLAS (cublas.cpp; DORY_CUDA_CUBLAS=1, opt-in until measured).
@@ -1834,31 +1779,17 @@ __global__ void __launch_bounds__(256)
   store_tc_tile<BM>(job.y[m], acc, r0, t0, T, rows);
 }
 
-template <int BM>
+template <int BM, bool LDM>
 void tc_launch(const LinJob& job, const __nv_bfloat16* xb, int T, int64_t tiles) {
-  constexpr size_t smem = static_cast<size_t>(kTcStages) * (BM + kTcN) * kTcLd * 2;
+  constexpr size_t smem = static_cast<size_t>(kTcStages) * (BM + kTcN) * ((LDM ? kTc2K : kTcK) + 8) * 2;
   static bool raised = false;  // over 48 KB of shared memory needs an opt-in
   if (!raised) {
-    const cudaError_t e = cudaFuncSetAttribute(k_lin_tc<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const cudaError_t e = cudaFuncSetAttribute(k_lin_tc<BM, LDM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem));
     if (e != cudaSuccess) throw Error(std::string("CUDA: tensor-core product: ") + cudaGetErrorString(e));
     raised = true;
   }
-  launch("linear", k_lin_tc<BM>, dim3(static_cast<unsigned>(tiles), (T + BM - 1) / BM), dim3(256),
-         smem, job, xb, T);
-}
-
-template <int BM>
-void tc2_launch(const LinJob& job, const __nv_bfloat16* xb, int T, int64_t tiles) {
-  constexpr size_t smem = static_cast<size_t>(kTcStages) * (BM + kTcN) * kTc2Ld * 2;
-  static bool raised = false;  // over 48 KB of shared memory needs an opt-in
-  if (!raised) {
-    const cudaError_t e = cudaFuncSetAttribute(k_lin_tc2<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
-    if (e != cudaSuccess) throw Error(std::string("CUDA: tensor-core product: ") + cudaGetErrorString(e));
-    raised = true;
-  }
-  launch("linear", k_lin_tc2<BM>, dim3(static_cast<unsigned>(tiles), (T + BM - 1) / BM), dim3(256),
+  launch("linear", k_lin_tc<BM, LDM>, dim3(static_cast<unsigned>(tiles), (T + BM - 1) / BM), dim3(256),
          smem, job, xb, T);
 }
 
@@ -2133,14 +2064,9 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
     }
     // 128 input rows a tile where that still gives every SM two tiles, else 64.
     const bool big = tiles * ((T + 127) / 128) >= 2 * sms();
-    if (g_tc2 && cols % kTc2K == 0) {
-      if (big) tc2_launch<128>(job, xb, T, tiles);
-      else tc2_launch<64>(job, xb, T, tiles);
-    } else if (big) {
-      tc_launch<128>(job, xb, T, tiles);
-    } else {
-      tc_launch<64>(job, xb, T, tiles);
-    }
+    const bool ldm = g_tc2 && cols % kTc2K == 0;
+    if (big) ldm ? tc_launch<128, true>(job, xb, T, tiles) : tc_launch<128, false>(job, xb, T, tiles);
+    else ldm ? tc_launch<64, true>(job, xb, T, tiles) : tc_launch<64, false>(job, xb, T, tiles);
     g_label = nullptr;
     return;
   }
