@@ -42,7 +42,12 @@ int run_cmf_info(const std::string& path, const std::string& dump, const std::st
   for (const cmf::Section& s : f->sections())
     if (s.len) std::printf("section        %-9s offset %llu, %s\n", s.name, (unsigned long long)s.off, human_bytes(s.len).c_str());
   // A shard: where the rest of the model is, and whose header, tokenizer and skills it runs with.
-  const std::vector<std::string> shards = cmf::shard_paths(path);
+  std::vector<std::string> shards{path};
+  try {
+    shards = cmf::shard_paths(path);
+  } catch (const Error& e) {  // a shard missing: this file is still described
+    std::printf("shard          %s\n", e.what());
+  }
   std::unique_ptr<cmf::File> first;
   if (shards.size() > 1) {
     size_t no = 0;
