@@ -2,7 +2,7 @@
 # The int8 decode fusions and int8 tensor-core prompts against their defaults (then the BF16
 # prompt products: ldmatrix, cuBLAS; and a prompt profile), alternated on
 # the 4B shape (Q4_K_M and Q8_0; the files are made if missing). Appends to $L.
-#   L=$OUT/log.txt bash scripts/dev/gpu_int8_ab.sh
+#   L=$OUT/log.txt [SKIP_INT8=1] bash scripts/dev/gpu_int8_ab.sh
 set -uo pipefail
 L=${L:-/dev/stdout}
 [ -d /tmp/dory4b ] || python3 scripts/make_checkpoint.py --out /tmp/dory4b --preset 4b --quiet
@@ -10,12 +10,15 @@ L=${L:-/dev/stdout}
 [ -f /tmp/q8.gguf ] || build/dory quantize /tmp/dory4b /tmp/q8.gguf --type q8_0 -q
 tg() { build/dory bench --device cuda -m "$1" -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg[0-9]'; }
 pp() { build/dory bench --device cuda -m "$1" -p 512 -n 0 -r 1 2>&1 | grep -E '\| pp[0-9]'; }
+# SKIP_INT8=1 leaves out the int8 A/B (measured 2026-12-07, docs/cuda.md).
 for f in 1 0; do
+  [ -n "${SKIP_INT8:-}" ] && break
   for m in q4 q8; do
     echo "$m fuse_int8=$f $(DORY_CUDA_FUSE_INT8=$f tg /tmp/$m.gguf)" | tee -a $L
   done
 done
 for v in 1 0; do
+  [ -n "${SKIP_INT8:-}" ] && break
   for m in q8 q4; do
     echo "$m tc_int8=$v $(DORY_CUDA_TC_INT8=$v pp /tmp/$m.gguf)" | tee -a $L
   done

@@ -10,7 +10,7 @@
 # is stage 1's output).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=$(realpath -m "$1"); m1=${2:-6.4}; m2=${3:-6.0}
+OUT=$(realpath -m "$1"); m1=${2:-6.4}; m2=${3:-5.5}
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1
 data() {  # DIR SUITE: the text data and the task suite SUITE's items
   mkdir -p "$1"

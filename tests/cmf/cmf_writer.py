@@ -101,13 +101,32 @@ def dec_q4_tiled(b, rows, cols):
     return dec_q4_block(t[:, 2:].tobytes() + t[:, :2].tobytes(), rows * cols).reshape(rows, cols)
 
 
+def _libm_exp2f():
+    """C's exp2f, which CMF.md names for the ladder (glibc's is within 0.502 ulp, not always
+    correctly rounded: one ulp in 2^step compounds over 31 rungs to ~4e-6, so neither numpy's
+    float32 exp2, a SIMD approximation on AVX-512 hosts, nor float64 exp2 rounded once, is
+    the same number on every row)."""
+    import ctypes
+    import ctypes.util
+    f = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6").exp2f
+    f.restype, f.argtypes = ctypes.c_float, [ctypes.c_float]
+    return f
+
+
+_EXP2F = _libm_exp2f()
+
+
+def exp2f(x):
+    """exp2f element by element (float32 in, float32 out)."""
+    x = np.asarray(x, np.float32)
+    return np.array([_EXP2F(float(v)) for v in x.ravel()], np.float32).reshape(x.shape)
+
+
 def ladder(lo, step):
     """A q4tp / q2tp row's rungs: t[0] = 2^lo, t[c] = t[c-1] * 2^step, in float32, in turn."""
-    # 2^x in float64, rounded to float32 once: numpy's float32 exp2 is a SIMD approximation on
-    # some CPUs (a few ulp off on AVX-512 hosts), C's exp2f is nearly correctly rounded.
     t = np.empty(32, np.float32)
-    t[0] = np.float32(np.exp2(np.float64(np.float32(lo))))
-    m = np.float32(np.exp2(np.float64(np.float32(step))))
+    t[0] = exp2f(lo)
+    m = exp2f(step)
     for c in range(1, 32):
         t[c] = np.float32(t[c - 1] * m)
     return t
@@ -116,8 +135,8 @@ def ladder(lo, step):
 def ladders(lo, step):
     """ladder() for many rows at once (the same float32 products, in the same order)."""
     t = np.empty((len(lo), 32), np.float32)
-    t[:, 0] = np.exp2(lo.astype(np.float32).astype(np.float64)).astype(np.float32)
-    m = np.exp2(step.astype(np.float32).astype(np.float64)).astype(np.float32)
+    t[:, 0] = exp2f(lo)
+    m = exp2f(step)
     for c in range(1, 32):
         t[:, c] = t[:, c - 1] * m
     return t
