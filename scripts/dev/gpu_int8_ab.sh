@@ -2,7 +2,7 @@
 # The int8 decode fusions and int8 tensor-core prompts against their defaults (then the BF16
 # prompt products: ldmatrix, cuBLAS; and a prompt profile), alternated on
 # the 4B shape (Q4_K_M and Q8_0; the files are made if missing). Appends to $L.
-#   L=$OUT/log.txt [SKIP_INT8=1] bash scripts/dev/gpu_int8_ab.sh
+#   L=$OUT/log.txt [SKIP_INT8=1] [ROUNDS=N] [NO_PROFILE=1] bash scripts/dev/gpu_int8_ab.sh
 set -uo pipefail
 L=${L:-/dev/stdout}
 [ -d /tmp/dory4b ] || python3 scripts/make_checkpoint.py --out /tmp/dory4b --preset 4b --quiet
@@ -26,7 +26,7 @@ done
 # BF16 prompts: the default tensor-core product, the ldmatrix one (DORY_CUDA_TC2=1) and cuBLAS
 # (DORY_CUDA_CUBLAS=1), alternated; then where a BF16 prompt's time goes, default and cuBLAS
 # (DORY_CUDA_PROFILE=1: every launch timed; to $OUT/profile_pp.txt).
-for r in 1 2; do
+for r in $(seq ${ROUNDS:-2}); do
   for v in "" DORY_CUDA_TC2=1 DORY_CUDA_CUBLAS=1; do
     for p in 512 4096; do
       echo "bf16 ${v:-default} $(env $v build/dory bench --device cuda -m /tmp/dory4b -p $p -n 0 -r 1 2>&1 | grep -E '\| pp[0-9]|rror')" | tee -a $L
@@ -34,12 +34,13 @@ for r in 1 2; do
   done
 done
 for v in "" DORY_CUDA_CUBLAS=1; do
+  [ -n "${NO_PROFILE:-}" ] && break
   echo "== ${v:-default}" >> ${OUT:-/tmp}/profile_pp.txt
   env $v DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m /tmp/dory4b -p 512 -n 0 -r 1 >> ${OUT:-/tmp}/profile_pp.txt 2>&1
 done
 # Decode attention's split count (DORY_CUDA_ATT_SPLITS; default 2 x SMs / heads = 16 on the
 # 4B shape): at a short context (tg64 from an empty cache) and at 4k (-d 4096).
-for r in 1 2; do
+for r in $(seq ${ROUNDS:-2}); do
   for sp in "" 1 4; do
     for d in 0 4096; do
       echo "q4 att_splits=${sp:-default} depth $d $(DORY_CUDA_ATT_SPLITS=$sp build/dory bench --device cuda -m /tmp/q4.gguf -p 0 -n 64 -r 2 -d $d 2>&1 | grep -E '\| tg[0-9]|rror')" | tee -a $L
