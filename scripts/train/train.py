@@ -535,6 +535,9 @@ def main():
     ap.add_argument("--aux1", type=float, default=0.0,
                     help="weight of the loss of the read-out after one pass, added on steps of "
                     "two or more passes (early-exit training; 0: off)")
+    ap.add_argument("--aux1-from", type=float, default=0.0,
+                    help="share of training done (0-1) from which --aux1 applies (0: from the "
+                    "start; the one-pass loss from the start takes the second pass's gain away)")
     ap.add_argument("--bptt", type=int, default=0,
                     help="backpropagate through the last N loop passes only (0: all)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -652,7 +655,7 @@ def main():
                 model(rows[:1, :-1], 1)  # fills the sliding-window mask cache eagerly
                 model.train()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            if args.aux1 > 0 and loops > 1:
+            if args.aux1 > 0 and loops > 1 and progress(step) >= args.aux1_from:
                 logits, early = model(rows[:, :-1], loops, bptt=args.bptt, aux=(1,))
             else:
                 logits, early = model(rows[:, :-1], loops, bptt=args.bptt), []
