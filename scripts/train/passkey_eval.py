@@ -4,6 +4,7 @@ held-out text, asked for at the end; greedy decoding must give it back exactly.
 
     /usr/bin/python3 scripts/train/passkey_eval.py --dory build/dory [-m MODEL]
         [--data .traindata] [--lengths 1024,2048,4000] [--trials 20] [-- extra dory run flags]
+    /usr/bin/python3 scripts/train/passkey_eval.py --write-prompt FILE --lengths N [--seed S]
 
 The prompts follow the training examples of scripts/train/train.py (same intro, needle and
 question); the filler is the held-out split (val.jsonl.gz) of prepare_data.py, so no
@@ -67,6 +68,8 @@ def main():
     ap.add_argument("--lengths", default="1024,2048,4000")
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--write-prompt", metavar="FILE", default="",
+                    help="write the first prompt (of the first length) to FILE, say its key, and stop")
     ap.add_argument("extra", nargs="*", help="more `dory run` flags (after --)")
     args = ap.parse_args()
     with gzip.open(os.path.join(args.data, "val.jsonl.gz"), "rt", encoding="utf-8") as f:
@@ -74,6 +77,13 @@ def main():
     lines = [s for d in docs for s in d.split("\n") if s.strip()]
     for length in [int(x) for x in args.lengths.split(",")]:
         rng = random.Random(args.seed * 100003 + length)
+        if args.write_prompt:
+            text, key, depth = build(lines, rng, args.dory, args.model, length)
+            with open(args.write_prompt, "w", encoding="utf-8") as f:
+                f.write(text)
+            n = count_tokens(args.dory, args.model, [text])[0]
+            print(f"wrote {args.write_prompt}: {n} tokens, pass key {key} at depth {depth:.2f}")
+            return
         ok, failed = 0, []
         for _ in range(args.trials):
             text, key, depth = build(lines, rng, args.dory, args.model, length)
