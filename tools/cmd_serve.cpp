@@ -6,12 +6,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <thread>
 
 #include "commands.h"
 #include "common.h"
 #include "model_text.h"
+#include "model/skill_switch.h"
 #include "model/weights.h"
 #include "server/http.h"
 
@@ -34,6 +36,73 @@ std::string model_name(const std::string& path) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   const size_t slash = p.find_last_of('/');
   return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+// "skill": "dynamic" (dory serve --skill-dynamic for every request): the skill follows the text
+// as for dory run --skill-dynamic (SkillSwitch), each request with its own switch. The prompt's
+// phi runs on a base-weights engine of its own (one prompt at a time); the jobs' sessions move
+// between engines of the skills (and of the base weights) that only the server's engine thread
+// uses. Errors (not a CMF file with such skills, the gate on, not the CPU) are thrown here, at
+// start-up, with one line.
+server::HttpServer::SkillDynamic dynamic_skills(const RunOpts& run, const Loaded& m) {
+  const cmf::File* f = m.model->weights().cmf.get();
+  if (!f) throw Error(m.model->path() + ": skills live in CMF files; this model is not one");
+  struct Shared {
+    RunOpts run;
+    std::shared_ptr<const Model> model;  // keeps the file (and its routers) alive
+    std::mutex phi_mu;
+    Loaded base;  // phi of the prompts
+    std::mutex engines_mu;
+    std::map<std::string, std::shared_ptr<Backend>> engines;  // the jobs' sessions run here
+    std::shared_ptr<Backend> engine(const std::string& id) {
+      std::lock_guard<std::mutex> lk(engines_mu);
+      auto it = engines.find(id);
+      if (it == engines.end())
+        it = engines.emplace(id, run.open(Model::load(run.model_path(), run.placement(), id, run.lora))).first;
+      return it->second;
+    }
+  };
+  auto d = std::make_shared<Shared>();
+  d->run = run;
+  d->model = m.model;
+  const SkillSwitch check(*f, m.model->config(), "\"skill\": \"dynamic\"");
+  {
+    Session probe(m.backend, run.session());  // the gate and backend checks
+    probe.set_probe(check.layer());
+  }
+  struct Hooks final : server::JobHooks {
+    std::shared_ptr<Shared> d;
+    SkillSwitch sw;
+    Hooks(std::shared_ptr<Shared> shared, SkillSwitch s) : d(std::move(shared)), sw(std::move(s)) {}
+    void start(Session& s) override {
+      s.set_probe(sw.layer());
+      s.switch_backend(d->engine(sw.active()));
+    }
+    void after_token(Session& s) override {
+      const std::vector<float>& h = s.probed();
+      const size_t H = static_cast<size_t>(s.model().config().hidden);
+      if (h.size() < H) return;
+      const std::string line = sw.after_token(h.data() + h.size() - H);
+      if (line.empty()) return;
+      std::fprintf(stderr, "dory serve: skill dynamic: %s\n", line.c_str());
+      s.switch_backend(d->engine(sw.active()));
+    }
+  };
+  return [d](const std::vector<int32_t>& prompt) -> std::shared_ptr<server::JobHooks> {
+    const cmf::File& file = *d->model->weights().cmf;
+    SkillSwitch sw(file, d->model->config(), "\"skill\": \"dynamic\"");
+    std::string line;
+    {
+      std::lock_guard<std::mutex> lk(d->phi_mu);
+      if (!d->base.model) {
+        d->base.model = Model::load(d->run.model_path(), d->run.placement(), "", d->run.lora);
+        d->base.backend = d->run.open(d->base.model);
+      }
+      line = sw.start(prompt_phi(d->run, d->base.backend, prompt, sw.layer()));
+    }
+    std::fprintf(stderr, "dory serve: skill dynamic: %s\n", line.c_str());
+    return std::make_shared<Hooks>(d, std::move(sw));
+  };
 }
 
 int run_serve(ServeOpts o) {
@@ -61,7 +130,8 @@ int run_serve(ServeOpts o) {
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
   const auto t0 = std::chrono::steady_clock::now();
   refuse_auto_skill(o.run, "dory serve (a request names its skill: \"skill\": ID)");
-  refuse_dynamic_skill(o.run, "dory serve (not in the server yet)");
+  if (o.run.skill_dynamic && !o.run.skill.empty())
+    throw Error("--skill-dynamic picks the skill itself: leave out --skill " + o.run.skill);
   Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
   const DoryConfig& c = m.model->config();
   if (o.ctx > c.max_positions)
@@ -85,10 +155,20 @@ int run_serve(ServeOpts o) {
   // A CMF model with skills: a request may name another one ("skill": ID or "none"), which
   // gets the model loaded with that skill's tensors (mapped views, nothing copied) and an
   // engine of its own the first time.
-  server::HttpServer::SkillBackend skills;
-  server::HttpServer::SkillRouter router;
+  server::HttpServer::Skills sk;
+  server::HttpServer::SkillBackend& skills = sk.backend;
+  server::HttpServer::SkillRouter& router = sk.router;
+  sk.dynamic_why = m.model->weights().cmf ? "this model has no skills"
+                                          : "skills live in CMF files; this model is not one";
   if (const cmf::File* f = m.model->weights().cmf.get(); f && !f->skills().empty()) {
     const RunOpts run = o.run;
+    try {
+      sk.dynamic = dynamic_skills(run, m);
+      sk.dynamic_default = o.run.skill_dynamic;
+    } catch (const Error& e) {
+      if (o.run.skill_dynamic) throw;
+      sk.dynamic_why = e.what();
+    }
     skills = [run](const std::string& id) {
       return run.open(Model::load(run.model_path(), run.placement(), id, run.lora));
     };
@@ -118,7 +198,8 @@ int run_serve(ServeOpts o) {
       };
     }
   }
-  http.ready(m.backend, std::move(m.tok), tmpl, eo, rd, std::move(skills), std::move(router));
+  if (o.run.skill_dynamic && !sk.dynamic) throw Error("--skill-dynamic: " + sk.dynamic_why);
+  http.ready(m.backend, std::move(m.tok), tmpl, eo, rd, std::move(sk));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr,
                "dory serve: ready in %.2f s: model '%s', %d slots x %lld positions, %s, "

@@ -104,9 +104,10 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
       "chat, logits: the file's routers pick one from the prompt's hidden states); dory info lists "
       "the file's skills");
   app->add_flag("--skill-dynamic", o.skill_dynamic,
-                "CMF files (dory run, chat; CPU): the skill follows the generated text, re-routed "
-                "every 8 tokens from the hidden states (cortiq's --route-dynamic; skills of MLP "
-                "tensors only; docs/cmf.md)");
+                "CMF files (dory run, chat, serve; CPU; gate off): the skill follows the generated "
+                "text, re-routed every 8 tokens from the hidden states (cortiq's --route-dynamic; "
+                "skills of MLP tensors only; serve: the default of a request, which may say "
+                "\"skill\": \"dynamic\"; docs/cmf.md)");
   auto* mm =
       app->add_flag("--mmap", o.mmap,
                     "use the weights in place from the memory-mapped model file (the default): "

@@ -9,6 +9,7 @@
 #include "dory/session.h"
 #include "format/cmf.h"
 
+#include "model/skill_switch.h"
 #include "model/weights.h"
 
 namespace dory::cli {
@@ -105,65 +106,20 @@ void refuse_dynamic_skill(const RunOpts& run, const char* command) {
                 " takes --skill ID, none or auto");
 }
 
-namespace {
-double env_or(const char* name, double def) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return def;
-  char* end = nullptr;
-  const double v = std::strtod(e, &end);
-  if (*end || !std::isfinite(v)) throw Error(std::string(name) + "='" + e + "' is not a number");
-  return v;
-}
-
-// Whether every tensor of skill `id` replaces an MLP layer's (backbone.layers.N.* with layer N
-// an MLP in the pattern).
-bool mlp_only(const cmf::File& f, const std::string& id, const DoryConfig& c) {
-  const std::string pre = "skill." + id + ".backbone.layers.";
-  bool any = false;
-  for (const cmf::Tensor& t : f.tensors()) {
-    if (t.name.rfind("skill." + id + ".", 0) != 0) continue;
-    if (t.name.rfind(pre, 0) != 0) return false;
-    const int64_t n = std::atoll(t.name.c_str() + pre.size());
-    if (n < 0 || n >= c.n_layer || c.is_attention(n)) return false;
-    any = true;
-  }
-  return any;
-}
-}  // namespace
-
 DynamicSkills::DynamicSkills(const RunOpts& run, Loaded& l, std::span<const int32_t> prompt)
     : run_(run) {
   if (!run.skill.empty() && run.skill != "auto")
     throw Error("--skill-dynamic picks the skill itself: leave out --skill " + run.skill);
   const cmf::File* f = l.model->weights().cmf.get();
   if (!f) throw Error(l.model->path() + ": --skill-dynamic: skills live in CMF files; this model is not one");
-  const DoryConfig& c = l.model->config();
-  for (const cmf::Skill& k : f->skills()) {
-    if (!k.routable || !mlp_only(*f, k.id, c)) continue;
-    if (!k.selection_error.empty()) throw Error(f->path() + ": " + k.selection_error);
-    if (layer_ >= 0 && k.selection.phi_layer != layer_)
-      throw Error(f->path() + ": --skill-dynamic: the skills route on different layers (" +
-                  std::to_string(layer_) + ", " + std::to_string(k.selection.phi_layer) + ")");
-    layer_ = static_cast<int>(k.selection.phi_layer);
-    ids_.push_back(k.id);
-    sel_.push_back(&k.selection);
-  }
-  if (ids_.empty())
-    throw Error(f->path() + ": --skill-dynamic: no skill with a router whose tensors are MLP weights only");
-  on_ = env_or("DORY_SKILL_ON", on_), off_ = env_or("DORY_SKILL_OFF", off_);
-  margin_ = env_or("DORY_SKILL_MARGIN", margin_), alpha_ = env_or("DORY_SKILL_ALPHA", alpha_);
-  const double every = env_or("DORY_SKILL_EVERY", every_);
-  if (every < 1 || every > 1e6 || alpha_ < 0 || alpha_ > 1)
-    throw Error("DORY_SKILL_EVERY must be 1 or more and DORY_SKILL_ALPHA in [0, 1]");
-  every_ = static_cast<int>(every);
+  sw_ = std::make_unique<SkillSwitch>(*f, l.model->config());
   engines_.emplace_back("", l.backend);
   {
     Session probe(l.backend, run.session());  // the gate and backend checks, before any output
-    probe.set_probe(layer_);
+    probe.set_probe(sw_->layer());
   }
-  phi_ = prompt_phi(run, l.backend, prompt, layer_);
-  decide(nullptr, "prompt");
-  l.backend = engine(active_);
+  std::fprintf(stderr, "skill dynamic: %s\n", sw_->start(prompt_phi(run, l.backend, prompt, sw_->layer())).c_str());
+  l.backend = engine(sw_->active());
 }
 
 std::shared_ptr<Backend> DynamicSkills::engine(const std::string& id) {
@@ -175,47 +131,17 @@ std::shared_ptr<Backend> DynamicSkills::engine(const std::string& id) {
 }
 
 void DynamicSkills::attach(Session& s) const {
-  s.set_probe(layer_);
-}
-
-void DynamicSkills::decide(Session* s, const char* when) {
-  std::vector<double> e(ids_.size());
-  size_t best = 0, cur = ids_.size();
-  for (size_t i = 0; i < ids_.size(); ++i) {
-    e[i] = cmf::skill_error(*sel_[i], phi_);
-    if (e[i] < e[best]) best = i;
-    if (ids_[i] == active_) cur = i;
-  }
-  std::string next = active_;
-  if (cur == ids_.size()) {
-    if (e[best] < on_) next = ids_[best];
-  } else if (e[cur] > off_) {
-    next = best != cur && e[best] < on_ ? ids_[best] : "";
-  } else if (best != cur && e[best] < e[cur] - margin_) {
-    next = ids_[best];
-  }
-  if (next == active_ && s) return;
-  std::string line = std::string("skill dynamic: ") + when + ": " +
-                     (active_.empty() ? "none" : "'" + active_ + "'") + " -> " +
-                     (next.empty() ? "none" : "'" + next + "'") + " (E";
-  for (size_t i = 0; i < ids_.size(); ++i) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, " %s %.4f", ids_[i].c_str(), e[i]);
-    line += buf;
-  }
-  std::fprintf(stderr, "%s)\n", line.c_str());
-  active_ = next;
-  if (s) s->switch_backend(engine(active_));
+  s.set_probe(sw_->layer());
 }
 
 void DynamicSkills::after_token(Session& s) {
   const std::vector<float>& h = s.probed();
-  const size_t H = phi_.size();
+  const size_t H = static_cast<size_t>(s.model().config().hidden);
   if (h.size() < H) return;  // the pass took no whole-token plan (nothing to read)
-  const float* row = h.data() + h.size() - H;
-  for (size_t i = 0; i < H; ++i)
-    phi_[i] = static_cast<float>((1 - alpha_) * phi_[i] + alpha_ * row[i]);
-  if (++tokens_ % every_ == 0) decide(&s, ("token " + std::to_string(tokens_)).c_str());
+  const std::string line = sw_->after_token(h.data() + h.size() - H);
+  if (line.empty()) return;
+  std::fprintf(stderr, "skill dynamic: %s\n", line.c_str());
+  s.switch_backend(engine(sw_->active()));
 }
 
 std::string chat_template_source(const Tokenizer& tok) {

@@ -7,6 +7,7 @@
 
 #include "common.h"
 #include "format/cmf.h"
+#include "model/skill_switch.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -42,20 +43,11 @@ std::vector<std::pair<std::string, double>> skill_errors(const RunOpts& run, con
                                                          std::span<const int32_t> ids);
 
 // --skill-dynamic (cortiq's --route-dynamic, CMF.md section 3): the skill follows the text as
-// it is generated. phi starts as the prompt's (the base model's mean hidden state after the
-// routers' phi_layer) and then moves as an EMA over the generated tokens' hidden states at
-// that layer (factor alpha 0.2, read from the running engine's pass: Session::set_probe);
-// every 8 tokens each candidate's E is taken and, with hysteresis:
-//   no skill on:  the best one turns on when its E < 0.62;
-//   skill a on:   when E_a > 0.74 it turns off (or over to the best, if that one's E < 0.62);
-//                 else the best turns on instead of a when its E < E_a - 0.03 (the rival margin).
-// Candidates: routable skills whose tensors are MLP tensors only (attention weights stay the
-// base's, so the cache written so far stays the cache); they must route on one phi_layer.
-// A switch moves the session to that skill's engine (Session::switch_backend; engines made on
-// first use). The thresholds, factor and interval come from DORY_SKILL_ON, DORY_SKILL_OFF,
-// DORY_SKILL_MARGIN, DORY_SKILL_ALPHA and DORY_SKILL_EVERY where set, as cortiq's are
-// env-tunable. Each decision that changes the skill is one line on stderr. CPU backend, gate
-// off (the session refuses otherwise).
+// it is generated, as SkillSwitch (model/skill_switch.h) decides: phi from the prompt on the
+// base weights, then the generated tokens' hidden states, read from the running engine's pass
+// (Session::set_probe). A switch moves the session to that skill's engine
+// (Session::switch_backend; engines made on first use). Each decision that changes the skill
+// is one line on stderr. CPU backend, gate off (the session refuses otherwise).
 class DynamicSkills {
  public:
   // Checks the file and picks the prompt's skill; l.backend becomes that skill's engine.
@@ -66,17 +58,9 @@ class DynamicSkills {
   void after_token(Session& s);
 
  private:
-  void decide(Session* s, const char* when);
   std::shared_ptr<Backend> engine(const std::string& id);
   const RunOpts& run_;
-  std::vector<std::string> ids_;
-  std::vector<const cmf::Selection*> sel_;  // the candidates' routers, in ids_ order
-  int layer_ = -1;
-  double on_ = 0.62, off_ = 0.74, margin_ = 0.03, alpha_ = 0.2;
-  int every_ = 8;
-  int64_t tokens_ = 0;
-  std::vector<float> phi_;
-  std::string active_;  // "" = none
+  std::unique_ptr<SkillSwitch> sw_;
   std::vector<std::pair<std::string, std::shared_ptr<Backend>>> engines_;
 };
 // Commands that generate no text refuse --skill-dynamic with this one line.

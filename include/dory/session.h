@@ -45,9 +45,11 @@ class Session {
   // product), while attention runs per session against its own KV cache. Each
   // entry's logits equal what its session's forward() gives, to float rounding
   // (a one-row matrix-vector product becomes a row of a batched one).
-  // Sessions must share one Backend; sessions with different loop
-  // counts go through in one pass per loop count. Throws Error, changing no
-  // session, on a bad id, a repeated session or more ids than a session's chunk.
+  // The batch runs on the first session's Backend; a session on another engine of the
+  // same kind (switch_backend) or keeping its hidden states (set_probe) runs alone, as
+  // forward() would. Sessions with different loop counts go through in one pass per loop
+  // count. Throws Error, changing no session, on a bad id, a repeated session, sessions on
+  // different backend kinds or more ids than a session's chunk.
   static void forward_batch(std::span<BatchEntry> entries);
 
   // Runs ids like forward() (last_loop only) with every row read out after its

@@ -544,8 +544,8 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
     if (!e.session) throw Error("forward_batch: an entry has no session");
     if (e.ids.empty()) continue;
     Session& s = *e.session;
-    if (!live.empty() && s.backend_ != live.front()->session->backend_)
-      throw Error("forward_batch: the sessions must share one backend");
+    if (!live.empty() && std::string(s.backend_->name()) != live.front()->session->backend_->name())
+      throw Error("forward_batch: the sessions must run on one backend kind");
     for (const BatchEntry* o : live)
       if (o->session == e.session) throw Error("forward_batch: a session appears twice");
     // Sliding caches are rings sized for one chunk beyond the window.
@@ -557,12 +557,18 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
     live.push_back(&e);
   }
   if (live.empty()) return;
-  Backend& be = *live.front()->session->backend_;
-  const DoryConfig& c = be.model().config();
-  const int64_t V = c.vocab;
 
   auto wants = [](const BatchEntry& e) { return e.want != Logits::None; };
   std::vector<bool> done(live.size(), false);
+  // The batch runs on the first session's engine; a session moved to another engine of the
+  // same model (a CMF skill's: Session::switch_backend) runs alone, as does one that keeps
+  // its hidden states (set_probe: --skill-dynamic reads them).
+  Backend* main = nullptr;
+  for (BatchEntry* e : live)
+    if (e->session->st_->probe_layer < 0) {
+      main = e->session->backend_.get();
+      break;
+    }
   for (size_t i = 0; i < live.size(); ++i) {
     BatchEntry& e = *live[i];
     Session& s = *e.session;
@@ -570,10 +576,16 @@ void Session::forward_batch(std::span<BatchEntry> entries) {
     // A gated decode token decides its passes on its own, and rows that reach a
     // pending rebuild point must stop there (forward() cuts them): both run alone.
     const int64_t n = static_cast<int64_t>(e.ids.size());
-    if (!s.st_->gated(n, wants(e)) && n <= s.next_rows()) continue;
+    if (!s.st_->gated(n, wants(e)) && n <= s.next_rows() && s.st_->probe_layer < 0 &&
+        s.backend_.get() == main)
+      continue;
     e.logits = s.forward(e.ids, e.want);
     done[i] = true;
   }
+  if (!main) return;
+  Backend& be = *main;
+  const DoryConfig& c = be.model().config();
+  const int64_t V = c.vocab;
   // Sessions running the same number of passes with the same cache mode share a plan, so
   // they share one pass.
   auto passes = [&](const BatchEntry& e) { return e.session->st_->chunk_loops(wants(e)); };

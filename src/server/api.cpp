@@ -318,7 +318,8 @@ ParsedRequest parse_request(Endpoint ep, const std::string& body_text, const Api
   }
   // "skill": a CMF skill by id, or "none" for the base weights (the server runs a request
   // with another skill than its own on an engine of that skill's, made on first use).
-  r.skill = ctx.skill;
+  // "dynamic": the skill follows the text as it is generated (HttpServer::SkillDynamic).
+  r.skill = ctx.skill_dynamic_default ? "dynamic" : ctx.skill;
   if (const json* sk = field(body, "skill")) {
     if (!sk->is_string()) bad("skill", "'skill' must be a string");
     std::string want = sk->get<std::string>();
@@ -326,6 +327,8 @@ ParsedRequest parse_request(Endpoint ep, const std::string& body_text, const Api
     if (want == "auto") {  // routed on the prompt by the server (HttpServer::SkillRouter)
       if (!ctx.skill_auto)
         bad("skill", "'auto': this model has no skill with a router (name the skill, or \"none\")");
+    } else if (want == "dynamic") {
+      if (!ctx.skill_dynamic_why.empty()) bad("skill", "'dynamic': " + ctx.skill_dynamic_why);
     } else {
       if (!want.empty() &&
           std::find(ctx.skills.begin(), ctx.skills.end(), want) == ctx.skills.end()) {

@@ -36,6 +36,11 @@ struct ApiContext {
   std::vector<std::string> skills;  // the model's skills a request may name ("skill": ID)
   bool skill_per_request = false;   // the server can run another skill than its own
   bool skill_auto = false;          // and route a prompt to one ("skill": "auto")
+  // "skill": "dynamic" (the skill follows the text, SkillSwitch): why it cannot run on this
+  // server ("" = it can), and whether a request that names no skill runs so
+  // (dory serve --skill-dynamic).
+  std::string skill_dynamic_why = "this model has no skills";
+  bool skill_dynamic_default = false;
   int adapters = 0;               // LoRA adapters loaded (dory serve --lora), ids 0..adapters-1
   SamplingParams sampling;        // the server's defaults (dory serve flags)
   int64_t max_tokens = -1;        // default when a request gives none
@@ -50,7 +55,8 @@ struct ParsedRequest {
   JobSpec job;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  std::string skill;           // the CMF skill to run it with ("" = the base weights)
+  std::string skill;           // the CMF skill to run it with ("" = the base weights; "auto",
+                               // "dynamic": the server decides)
 };
 
 // Parses a body (raw bytes) for /v1/chat/completions or /v1/completions.

@@ -191,6 +191,10 @@ void Engine::assign(Slot& s, std::shared_ptr<Job> job) {
   s.result.slot = s.id;
   s.result.prompt_tokens = static_cast<int64_t>(spec.prompt.size());
   s.result.queue_ms = ms_between(s.job->submitted_, s.t_assigned);
+  if (spec.hooks) {
+    s.seq->reset();
+    spec.hooks->start(s.seq->session());
+  }
   const size_t keep = s.seq->start(spec.prompt, loops, spec.lora);
   s.fed = keep;
   s.decoding = false;
@@ -274,6 +278,14 @@ bool Engine::step() {
   for (size_t i = 0; i < entries.size(); ++i) {
     Slot& s = *owner[i];
     s.seq->took(entries[i].ids);
+    if (s.decoding && s.job->spec().hooks) {
+      try {
+        s.job->spec().hooks->after_token(s.seq->session());
+      } catch (const std::exception& e) {
+        fail(s, e.what());
+        continue;
+      }
+    }
     if (!s.decoding) {
       s.fed += entries[i].ids.size();
       if (s.fed < s.job->spec().prompt.size()) continue;
@@ -342,6 +354,7 @@ void Engine::finish(Slot& s, const std::string& reason) {
   const std::shared_ptr<Job> job = std::move(s.job);
   s.text.reset();
   s.decoding = false;
+  release(s, job->spec());
   s.last_used = ++use_counter_;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -361,6 +374,7 @@ void Engine::fail(Slot& s, const std::string& message) {
   s.text.reset();
   s.decoding = false;
   // The cache may hold half a step: start this slot over.
+  release(s, job->spec());
   s.seq->reset();
   s.last_used = ++use_counter_;
   {
@@ -369,6 +383,14 @@ void Engine::fail(Slot& s, const std::string& message) {
     ++stats_.jobs_done;
   }
   job->push(std::move(e));
+}
+
+void Engine::release(Slot& s, const JobSpec& spec) {
+  if (!spec.hooks) return;
+  Session& ss = s.seq->session();
+  ss.switch_backend(backend_);
+  ss.set_probe(-1);
+  s.seq->reset();
 }
 
 }  // namespace dory::server

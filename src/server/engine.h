@@ -33,6 +33,19 @@ namespace dory::server {
 
 using Clock = std::chrono::steady_clock;
 
+// Work of a job's own around the engine's passes (a request's "skill": "dynamic"), run on
+// the engine thread; either may throw Error, which fails the job. A job with hooks runs in
+// its slot alone (Session::forward_batch runs probing sessions alone), starts from an empty
+// cache and leaves none for the next job (its rows were written by other weights).
+struct JobHooks {
+  virtual ~JobHooks() = default;
+  // Before the prompt's first row: may set_probe and move the session to another engine of
+  // the same model (Session::switch_backend).
+  virtual void start(Session& s) = 0;
+  // After each pass that fed a generated token.
+  virtual void after_token(Session& s) = 0;
+};
+
 // What a request asks for, already validated.
 struct JobSpec {
   std::vector<int32_t> prompt;  // at least one id, shorter than the context
@@ -42,6 +55,7 @@ struct JobSpec {
   bool ignore_eos = false;
   int loops = 0;            // 0: the server's
   std::vector<float> lora;  // each loaded adapter's scale for this request; empty: the --lora ones
+  std::shared_ptr<JobHooks> hooks;  // null: none
 };
 
 struct JobResult {
@@ -122,6 +136,8 @@ class Engine {
   void take_token(Slot& slot, int32_t id);
   void finish(Slot& slot, const std::string& reason);
   void fail(Slot& slot, const std::string& message);
+  // A job with hooks is done: the slot's session back on this engine, no probe, no cache.
+  void release(Slot& slot, const JobSpec& spec);
   int default_loops() const { return default_loops_; }
 
   std::shared_ptr<Backend> backend_;

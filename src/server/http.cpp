@@ -77,6 +77,7 @@ struct HttpServer::Impl {
   EngineOptions eo;
   HttpServer::SkillBackend skill_backend;
   HttpServer::SkillRouter skill_router;
+  HttpServer::SkillDynamic skill_dynamic;
   mutable std::mutex engines_mu;
   std::map<std::string, std::unique_ptr<Engine>> skill_engines;
   ApiContext api;
@@ -142,19 +143,24 @@ void HttpServer::start() {
 
 void HttpServer::ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokenizer> tok,
                        const std::string& chat_template, const EngineOptions& eo,
-                       const RequestDefaults& rd, SkillBackend skills, SkillRouter router) {
+                       const RequestDefaults& rd, Skills skills) {
   Impl& m = *impl_;
   m.model = backend->model_ptr();
   m.tok = std::move(tok);
   m.tmpl = std::make_unique<ChatTemplate>(chat_template);
   m.engine = std::make_unique<Engine>(std::move(backend), *m.tok, eo);
   m.eo = eo;
-  m.skill_backend = std::move(skills);
+  m.skill_backend = std::move(skills.backend);
   if (const cmf::File* f = m.model->weights().cmf.get())
     for (const cmf::Skill& k : f->skills()) m.api.skills.push_back(k.id);
   m.api.skill_per_request = static_cast<bool>(m.skill_backend);
-  m.skill_router = std::move(router);
+  m.skill_router = std::move(skills.router);
   m.api.skill_auto = m.api.skill_per_request && static_cast<bool>(m.skill_router);
+  m.skill_dynamic = std::move(skills.dynamic);
+  m.api.skill_dynamic_why = m.skill_dynamic             ? ""
+                            : skills.dynamic_why.empty() ? "not on this server"
+                                                         : skills.dynamic_why;
+  m.api.skill_dynamic_default = skills.dynamic_default && m.skill_dynamic;
   m.api.tok = m.tok.get();
   m.api.tmpl = m.tmpl.get();
   m.api.tmpl_mu = &m.tmpl_mu;
@@ -209,7 +215,7 @@ json HttpServer::Impl::model_card() const {
         {"kv", kv_mode_name(engine->options().session.kv.value_or(c.kv_mode))},
         // A CMF file's skills, which a request may name ("skill"), and the server's own.
         {"skills", api.skills},
-        {"skill", api.skill.empty() ? "none" : api.skill}}}};
+        {"skill", api.skill_dynamic_default ? "dynamic" : api.skill.empty() ? "none" : api.skill}}}};
 }
 
 void HttpServer::Impl::routes() {
@@ -393,6 +399,15 @@ void HttpServer::Impl::generate(Endpoint ep, const httplib::Request& req, httpli
     } catch (const Error& e) {
       throw make_error(500, std::string("routing the prompt to a skill: ") + e.what(), "server_error");
     }
+  }
+  if (pr.skill == "dynamic") {
+    // The job starts on the server's engine; its hooks move it between the skills' engines.
+    try {
+      pr.job.hooks = skill_dynamic(pr.job.prompt);
+    } catch (const Error& e) {
+      throw make_error(500, std::string("routing the prompt to a skill: ") + e.what(), "server_error");
+    }
+    pr.skill = api.skill;
   }
   std::shared_ptr<Job> job;
   try {

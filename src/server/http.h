@@ -62,10 +62,21 @@ class HttpServer {
   // "skill": "auto": the skill the file's routers pick for a prompt (CMF.md section 3, on the
   // base weights); called from request threads, so it serialises itself.
   using SkillRouter = std::function<std::string(const std::vector<int32_t>& prompt)>;
+  // "skill": "dynamic": the hooks that make a request's skill follow its text (SkillSwitch:
+  // the first decision on the prompt, then every few generated tokens), made for its prompt
+  // from a request thread (so it serialises itself); the job runs on the server's engine.
+  using SkillDynamic = std::function<std::shared_ptr<JobHooks>(const std::vector<int32_t>& prompt)>;
+  struct Skills {
+    SkillBackend backend;          // a request may name a skill (CMF files with skills)
+    SkillRouter router;            // and "auto"
+    SkillDynamic dynamic;          // and "dynamic"
+    std::string dynamic_why;       // why not, when dynamic is empty (the 400's message)
+    bool dynamic_default = false;  // a request that names no skill runs "dynamic"
+  };
   // The model is loaded: starts the engine and serves requests.
   void ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokenizer> tok,
              const std::string& chat_template, const EngineOptions& eo, const RequestDefaults& rd,
-             SkillBackend skills = {}, SkillRouter router = {});
+             Skills skills);
   // Ends every request, stops the engine and the listener; idempotent.
   void stop();
   EngineStats stats() const;

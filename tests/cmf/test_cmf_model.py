@@ -697,6 +697,44 @@ class SkillDynamic(unittest.TestCase):
         self.assertRegex(flip.stderr, r"skill dynamic: token 16: ")
         self.assertNotEqual(flip.stdout, same.stdout)
 
+    def test_server_requests_follow_the_text(self):
+        """dory serve: "skill": "dynamic" in a request (or --skill-dynamic for every request)
+        gives the text dory run --skill-dynamic gives with the same thresholds, switches
+        included, and leaves the slot to the next request as it found it."""
+        sys.path.insert(0, os.path.join(ROOT, "tests", "serve"))
+        from serverlib import Server, post_json  # noqa: E402
+        prompt = "What is 31 + 8? The answer is"
+
+        def ask(srv, **extra):
+            body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+            body.update(extra)
+            status, out = post_json(srv.port, "/v1/completions", body)
+            self.assertEqual(status, 200, out)
+            return out["choices"][0]["text"]
+
+        flip_env = {"DORY_SKILL_ON": "10", "DORY_SKILL_OFF": "-1"}
+        pinned_env = {"DORY_SKILL_ON": "10", "DORY_SKILL_OFF": "20", "DORY_SKILL_MARGIN": "100"}
+        flip = Server(DORY, self.model, "-t", "2", "--parallel", "2", env=flip_env)
+        try:
+            base = ask(flip)
+            # dory run ends its text with a newline; the server's is the text alone
+            self.assertEqual(base + "\n", self.run_dory("--skill", "none").stdout)
+            want = self.run_dory("--skill-dynamic", env=flip_env)
+            self.assertEqual(ask(flip, skill="dynamic") + "\n", want.stdout)
+            self.assertIn("dory serve: skill dynamic: token 16: ", flip.stderr())
+            self.assertEqual(ask(flip), base)  # the slot is the base model's again
+            self.assertEqual(ask(flip, skill="dynamic") + "\n", want.stdout)
+        finally:
+            self.assertEqual(flip.stop(), 0, flip.stderr())
+        pinned = Server(DORY, self.model, "-t", "2", "--parallel", "1", "--skill-dynamic", env=pinned_env)
+        try:
+            m = re.search(r"prompt: none -> '(\w+)'", self.run_dory("--skill-dynamic", env=pinned_env).stderr)
+            self.assertIsNotNone(m)
+            self.assertEqual(ask(pinned) + "\n", self.run_dory("--skill", m.group(1)).stdout)
+            self.assertEqual(ask(pinned, skill="none"), base)
+        finally:
+            self.assertEqual(pinned.stop(), 0, pinned.stderr())
+
     def test_bad_uses_are_one_line_errors(self):
         mini = os.path.join(ROOT, "models", "dory-mini")
         for args, msg in ((["--skill-dynamic", "--skill", "legal"], "leave out --skill legal"),
@@ -713,6 +751,28 @@ class SkillDynamic(unittest.TestCase):
                            capture_output=True, text=True)
         self.assertEqual(r.returncode, 1)
         self.assertIn("--skill-dynamic follows generated text", r.stderr)
+        # dory serve: a flag the server cannot honour stops it at start-up with one line (after
+        # the "listening" one); a request asking for what it cannot do is a 400.
+        for model, args, msg in ((mini, [], "skills live in CMF files"),
+                                 (self.model, ["--kv", "last_loop", "--gate", "conf:0.5"], "needs --gate off"),
+                                 (self.model, ["--skill", "legal"], "leave out --skill legal")):
+            r = subprocess.run([DORY, "serve", "-m", model, "--port", "0", "--skill-dynamic", *args],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 1, (args, r.stderr))
+            self.assertIn(msg, r.stderr.strip().splitlines()[-1])
+        sys.path.insert(0, os.path.join(ROOT, "tests", "serve"))
+        from serverlib import Server, post_json  # noqa: E402
+        for model, args, msg in ((mini, [], "'dynamic': skills live in CMF files"),
+                                 (self.model, ["--kv", "last_loop", "--gate", "conf:0.5"], "needs --gate off")):
+            srv = Server(DORY, model, "-t", "1", "--parallel", "1", *args)
+            try:
+                status, out = post_json(srv.port, "/v1/completions", {"prompt": "hi", "max_tokens": 2,
+                                                                       "skill": "dynamic"})
+                self.assertEqual(status, 400, out)
+                self.assertIn(msg, out["error"]["message"])
+                self.assertNotIn("\n", out["error"]["message"])
+            finally:
+                self.assertEqual(srv.stop(), 0, srv.stderr())
 
 
 if __name__ == "__main__":

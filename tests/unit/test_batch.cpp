@@ -143,11 +143,28 @@ TEST(Batch, RefusedBatchChangesNoSession) {
   EXPECT_THROW(run({E(&a, one), E(&a, one)}), Error);   // a session twice
   EXPECT_THROW(run({E(&a, one), E(&b, five)}), Error);  // more ids than b's chunk
   EXPECT_THROW(run({E(&a, one), E(&b, bad)}), Error);   // id out of range
-  EXPECT_THROW(run({E(&a, one), E(&c, one)}), Error);   // another pool
   EXPECT_THROW(run({E(nullptr, one)}), Error);
   EXPECT_EQ(a.position(), 0);
   EXPECT_EQ(b.position(), 0);
+  EXPECT_EQ(c.position(), 0);
   EXPECT_NO_THROW(run({E(&a, one), E(&b, {})}));  // an empty entry is skipped
   EXPECT_EQ(a.position(), 1);
   EXPECT_EQ(b.position(), 0);
+}
+
+// A session on another engine of the same kind (a CMF skill's, after switch_backend) runs
+// alone on its own engine, as forward() would, beside the batch of the first one's.
+TEST(Batch, SessionOnAnotherEngineRunsAlone) {
+  auto pool = fixture::cpu(1), other = fixture::cpu(1);
+  SessionOptions o;
+  o.chunk = 4;
+  Session a(pool, o), b(pool, o), c(other, o), a1(pool, o), c1(other, o);
+  const auto one = ids(1, 1), two = ids(2, 3);
+  std::vector<BatchEntry> e{{&a, one, Logits::Last, {}}, {&c, two, Logits::All, {}}, {&b, one, Logits::Last, {}}};
+  Session::forward_batch(e);
+  EXPECT_EQ(e[1].logits, c1.forward(two, Logits::All));  // alone: the same pass, bit for bit
+  EXPECT_LE(max_diff(e[0].logits, a1.forward(one, Logits::Last)), kTol);
+  EXPECT_EQ(a.position(), 1);
+  EXPECT_EQ(c.position(), 2);
+  EXPECT_EQ(b.position(), 1);
 }
