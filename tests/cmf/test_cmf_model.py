@@ -724,6 +724,18 @@ class SkillDynamic(unittest.TestCase):
             self.assertIn("dory serve: skill dynamic: token 16: ", flip.stderr())
             self.assertEqual(ask(flip), base)  # the slot is the base model's again
             self.assertEqual(ask(flip, skill="dynamic") + "\n", want.stdout)
+            # Four at once on two slots, dynamic and plain mixed: each answer as alone.
+            import threading
+            got = {}
+
+            def go(k):
+                got[k] = ask(flip, **({"skill": "dynamic"} if k % 2 else {}))
+            threads = [threading.Thread(target=go, args=(k,)) for k in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual([got[k] for k in range(4)], [base, want.stdout[:-1]] * 2)
         finally:
             self.assertEqual(flip.stop(), 0, flip.stderr())
         pinned = Server(DORY, self.model, "-t", "2", "--parallel", "1", "--skill-dynamic", env=pinned_env)
