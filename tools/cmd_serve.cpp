@@ -118,7 +118,9 @@ int run_serve(ServeOpts o) {
   check_device(o.run.backend_options());  // before the port is bound
   const std::string path = o.run.model_path();  // -m, or the built-in model
   o.http.model_name = o.alias.empty() ? model_name(path) : o.alias;
-  o.http.skill = o.run.skill;
+  // --skill auto: the server's own engine runs the base weights, and each request that names
+  // no skill is routed on its prompt (as "skill": "auto").
+  o.http.skill = o.run.skill == "auto" ? "" : o.run.skill;
   server::HttpServer http(o.http);
   http.bind();
   http.start();
@@ -129,7 +131,6 @@ int run_serve(ServeOpts o) {
   if (const char* d = std::getenv("DORY_SERVE_TEST_LOAD_DELAY_MS"))
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
   const auto t0 = std::chrono::steady_clock::now();
-  refuse_auto_skill(o.run, "dory serve (a request names its skill: \"skill\": ID)");
   if (o.run.skill_dynamic && !o.run.skill.empty())
     throw Error("--skill-dynamic picks the skill itself: leave out --skill " + o.run.skill);
   Loaded m = load_model_and_tokenizer(o.run, o.gen.tokenizer);
@@ -164,7 +165,7 @@ int run_serve(ServeOpts o) {
     const RunOpts run = o.run;
     try {
       sk.dynamic = dynamic_skills(run, m);
-      sk.dynamic_default = o.run.skill_dynamic;
+      if (o.run.skill_dynamic) sk.request_default = "dynamic";
     } catch (const Error& e) {
       if (o.run.skill_dynamic) throw;
       sk.dynamic_why = e.what();
@@ -199,6 +200,7 @@ int run_serve(ServeOpts o) {
     }
   }
   if (o.run.skill_dynamic && !sk.dynamic) throw Error("--skill-dynamic: " + sk.dynamic_why);
+  if (o.run.skill == "auto") sk.request_default = "auto";
   http.ready(m.backend, std::move(m.tok), tmpl, eo, rd, std::move(sk));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr,

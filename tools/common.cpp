@@ -101,8 +101,8 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
   app->add_option(
       "--skill", o.skill,
       "CMF files: run with this skill's tensors in place of the backbone's: ID, none, or auto (run, "
-      "chat, logits: the file's routers pick one from the prompt's hidden states); dory info lists "
-      "the file's skills");
+      "chat, logits: the file's routers pick one from the prompt's hidden states; serve: for each "
+      "request that names none); dory info lists the file's skills");
   app->add_flag("--skill-dynamic", o.skill_dynamic,
                 "CMF files (dory run, chat, serve; CPU; gate off): the skill follows the generated "
                 "text, re-routed every 8 tokens from the hidden states (cortiq's --route-dynamic; "

@@ -319,7 +319,7 @@ ParsedRequest parse_request(Endpoint ep, const std::string& body_text, const Api
   // "skill": a CMF skill by id, or "none" for the base weights (the server runs a request
   // with another skill than its own on an engine of that skill's, made on first use).
   // "dynamic": the skill follows the text as it is generated (HttpServer::SkillDynamic).
-  r.skill = ctx.skill_dynamic_default ? "dynamic" : ctx.skill;
+  r.skill = ctx.skill_default.empty() ? ctx.skill : ctx.skill_default;
   if (const json* sk = field(body, "skill")) {
     if (!sk->is_string()) bad("skill", "'skill' must be a string");
     std::string want = sk->get<std::string>();

@@ -37,10 +37,11 @@ struct ApiContext {
   bool skill_per_request = false;   // the server can run another skill than its own
   bool skill_auto = false;          // and route a prompt to one ("skill": "auto")
   // "skill": "dynamic" (the skill follows the text, SkillSwitch): why it cannot run on this
-  // server ("" = it can), and whether a request that names no skill runs so
-  // (dory serve --skill-dynamic).
+  // server ("" = it can).
   std::string skill_dynamic_why = "this model has no skills";
-  bool skill_dynamic_default = false;
+  // What a request that names no skill runs: "auto" or "dynamic" (dory serve --skill auto,
+  // --skill-dynamic), or "" for the server's own skill.
+  std::string skill_default;
   int adapters = 0;               // LoRA adapters loaded (dory serve --lora), ids 0..adapters-1
   SamplingParams sampling;        // the server's defaults (dory serve flags)
   int64_t max_tokens = -1;        // default when a request gives none

@@ -160,7 +160,11 @@ void HttpServer::ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokeniz
   m.api.skill_dynamic_why = m.skill_dynamic             ? ""
                             : skills.dynamic_why.empty() ? "not on this server"
                                                          : skills.dynamic_why;
-  m.api.skill_dynamic_default = skills.dynamic_default && m.skill_dynamic;
+  if (skills.request_default == "dynamic" && !m.skill_dynamic)
+    throw Error("--skill-dynamic: " + m.api.skill_dynamic_why);
+  if (skills.request_default == "auto" && !m.api.skill_auto)
+    throw Error("--skill auto: this model has no skill with a router");
+  m.api.skill_default = skills.request_default;
   m.api.tok = m.tok.get();
   m.api.tmpl = m.tmpl.get();
   m.api.tmpl_mu = &m.tmpl_mu;
@@ -215,7 +219,9 @@ json HttpServer::Impl::model_card() const {
         {"kv", kv_mode_name(engine->options().session.kv.value_or(c.kv_mode))},
         // A CMF file's skills, which a request may name ("skill"), and the server's own.
         {"skills", api.skills},
-        {"skill", api.skill_dynamic_default ? "dynamic" : api.skill.empty() ? "none" : api.skill}}}};
+        {"skill", !api.skill_default.empty() ? api.skill_default
+                  : api.skill.empty()         ? "none"
+                                              : api.skill}}}};
 }
 
 void HttpServer::Impl::routes() {

@@ -71,7 +71,8 @@ class HttpServer {
     SkillRouter router;            // and "auto"
     SkillDynamic dynamic;          // and "dynamic"
     std::string dynamic_why;       // why not, when dynamic is empty (the 400's message)
-    bool dynamic_default = false;  // a request that names no skill runs "dynamic"
+    std::string request_default;   // a request that names no skill: "auto" or "dynamic" (dory
+                                   // serve --skill auto / --skill-dynamic); "": the server's own
   };
   // The model is loaded: starts the engine and serves requests.
   void ready(std::shared_ptr<Backend> backend, std::unique_ptr<Tokenizer> tok,

@@ -2,8 +2,8 @@
 """dory serve on a CMF model with a skill: a request's "skill" field runs it with that skill's
 tensors (an engine of that skill's, made the first time a request names it), so its answer is
 the answer of a server started with --skill of that id; "none" is the base weights; "auto"
-routes the prompt with the file's routers (here to the one routable skill); an unknown id or a
-non-string is a 400 with one line."""
+routes the prompt with the file's routers (here to the one routable skill), as a server started
+with --skill auto does for every request; an unknown id or a non-string is a 400 with one line."""
 import json
 import os
 import shutil
@@ -51,10 +51,11 @@ class SkillPerRequest(unittest.TestCase):
             "--id", "alt", "--prompt-ids", ids, "--rank", "2", "-o", cls.model)
         cls.plain = Server(DORY, cls.model, "-t", "2", "--parallel", "2")
         cls.alt = Server(DORY, cls.model, "-t", "2", "--parallel", "2", "--skill", "alt")
+        cls.auto = Server(DORY, cls.model, "-t", "2", "--parallel", "2", "--skill", "auto")
 
     @classmethod
     def tearDownClass(cls):
-        for s in (cls.plain, cls.alt):
+        for s in (cls.plain, cls.alt, cls.auto):
             rc = s.stop()
             assert rc == 0, (rc, s.stderr())
         shutil.rmtree(cls.tmp, ignore_errors=True)
@@ -91,8 +92,16 @@ class SkillPerRequest(unittest.TestCase):
         self.assertEqual(status, 200)
         self.assertIn(b'"slots_idle":4', data.replace(b" ", b""))
 
+    def test_skill_auto_routes_every_request(self):
+        """dory serve --skill auto: a request that names no skill is routed on its prompt, as
+        "skill": "auto" is; one that names a skill runs that one."""
+        alt = self.answer(self.alt)
+        self.assertEqual(self.answer(self.auto), alt)
+        self.assertIn("skill auto: 'alt'", self.stderr_with(self.auto, "skill auto: 'alt'"))
+        self.assertEqual(self.answer(self.auto, skill="none"), self.answer(self.plain))
+
     def test_models_lists_the_skills(self):
-        for srv, own in ((self.plain, "none"), (self.alt, "alt")):
+        for srv, own in ((self.plain, "none"), (self.alt, "alt"), (self.auto, "auto")):
             status, _, data = request(srv.port, "GET", "/v1/models")
             self.assertEqual(status, 200)
             meta = json.loads(data)["data"][0]["meta"]
