@@ -38,6 +38,7 @@ struct CalibrateOpts {
   std::string tokenizer, text, out;
   int64_t tokens = 16384;
   int rank = 16;
+  double easy_share = 0.5;  // the share of tokens (lowest KL first) the router calls easy
   double exit_share = -1;  // < 0: set by max_cost
   double max_cost = 1.0;   // percent of perplexity on the calibration text
   std::string o1 = "32,128,4,512";
@@ -131,10 +132,12 @@ int run_calibrate(const CalibrateOpts& o) {
   }
   std::fputc('\n', stderr);
   {
-    // Easy: the half of the tokens whose one-pass distribution is closest to all passes'.
+    // Easy: the share of the tokens (half by default) whose one-pass distribution is closest
+    // to all passes'.
     std::vector<float> sorted_kl = kl;
-    std::nth_element(sorted_kl.begin(), sorted_kl.begin() + n_tok / 2, sorted_kl.end());
-    const float med = sorted_kl[n_tok / 2];
+    const int64_t cut = std::clamp<int64_t>(std::llround(o.easy_share * double(n_tok)), 1, n_tok - 1);
+    std::nth_element(sorted_kl.begin(), sorted_kl.begin() + cut, sorted_kl.end());
+    const float med = sorted_kl[cut];
     for (int64_t i = 0; i < n_tok; ++i) easy.push_back(kl[i] < med);
   }
   int64_t n_easy = std::count(easy.begin(), easy.end(), true);
@@ -351,6 +354,11 @@ Runner add_calibrate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--rank", o->rank, "rank of each router topology's basis")
       ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--easy-share", o->easy_share,
+                  "share of the calibration tokens, closest to all passes after one (lowest KL) "
+                  "first, that the router's easy topology is fitted on; the rest are hard")
+      ->check(CLI::Range(0.01, 0.99))
       ->capture_default_str();
   cmd->add_option("--max-cost", o->max_cost,
                   "perplexity cost in percent the exit bias may spend on the calibration text: "
