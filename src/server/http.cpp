@@ -204,6 +204,12 @@ EngineStats HttpServer::stats() const {
 
 json HttpServer::Impl::model_card() const {
   const DoryConfig& c = model->config();
+  // What "skill" takes besides an id: "none" where there are skills, "auto" and "dynamic"
+  // where this server can run them.
+  json modes = json::array();
+  if (!api.skills.empty()) modes.push_back("none");
+  if (api.skill_auto) modes.push_back("auto");
+  if (api.skill_dynamic_why.empty()) modes.push_back("dynamic");
   return {
       {"id", opts.model_name},
       {"object", "model"},
@@ -221,7 +227,8 @@ json HttpServer::Impl::model_card() const {
         {"skills", api.skills},
         {"skill", !api.skill_default.empty() ? api.skill_default
                   : api.skill.empty()         ? "none"
-                                              : api.skill}}}};
+                                              : api.skill},
+        {"skill_modes", modes}}}};
 }
 
 void HttpServer::Impl::routes() {

@@ -106,6 +106,8 @@ try {
   await page.evaluate(() => document.querySelectorAll(".chat-item")[1].click());
   out.messages_after_reload = await page.$$eval(".msg", (e) => e.length);
   await page.screenshot({ path: shot });
+  // The built-in model has no CMF skills: no skill choice.
+  out.skill_hidden = await page.$eval("#skillbox", (e) => e.hidden);
   out.page_errors = errors;
 } finally {
   await browser.close();
