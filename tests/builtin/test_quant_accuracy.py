@@ -111,15 +111,15 @@ class QuantAccuracy(unittest.TestCase):
         # The target was >= 99% top-1 agreement with BF16: 0.9917 on the 2026-12-02 model
         # (the q8_0 recipe keeps BF16 embeddings; all-Q8_0 gave 0.9897). The 2026-12-07 model
         # has more near ties (3.1% of these positions with BF16's top two within 0.05 nats,
-        # 12.9% within 0.2): 0.9880, KL 3.9e-4, all 49 disagreements within 0.084 nats;
-        # a BF16 LM head gives 0.9897. So: no disagreement where BF16 is not near a tie, and
-        # the share as measured, with room for other ISAs' rounding.
+        # 12.9% within 0.2): 0.9880 (avx512; avx2 and scalar 0.9866), KL 3.9e-4, all 49
+        # disagreements within 0.084 nats; a BF16 LM head gives 0.9897. So: no disagreement
+        # where BF16 is not near a tie, and the share as measured, with room for rounding.
         q = self.quant_logits["q8_0"]
         ref_sorted = np.sort(self.ref, 1)
         margin = ref_sorted[:, -1] - ref_sorted[:, -2]
         apart = np.flatnonzero(q.argmax(1) != self.ref.argmax(1))
         self.assertLess(float(margin[apart].max(initial=0.0)), 0.15, "a Q8_0 disagreement that is no near tie")
-        self.assertGreaterEqual(top1, 0.985)
+        self.assertGreaterEqual(top1, 0.98)
 
     def test_q5_k_m(self):
         self.measure("q5_k_m")
