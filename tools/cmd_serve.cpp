@@ -49,7 +49,10 @@ server::HttpServer::SkillDynamic dynamic_skills(const RunOpts& run, const Loaded
   if (!f) throw Error(m.model->path() + ": skills live in CMF files; this model is not one");
   struct Shared {
     RunOpts run;
-    std::shared_ptr<const Model> model;  // keeps the file (and its routers) alive
+    std::shared_ptr<const Model> model;  // keeps the file (and the routers sw points into) alive
+    SkillSwitch sw;                      // the candidates, found once; each request a copy
+    Shared(const RunOpts& r, std::shared_ptr<const Model> mod, SkillSwitch s)
+        : run(r), model(std::move(mod)), sw(std::move(s)) {}
     std::mutex phi_mu;
     Loaded base;  // phi of the prompts
     std::mutex engines_mu;
@@ -62,14 +65,8 @@ server::HttpServer::SkillDynamic dynamic_skills(const RunOpts& run, const Loaded
       return it->second;
     }
   };
-  auto d = std::make_shared<Shared>();
-  d->run = run;
-  d->model = m.model;
-  const SkillSwitch check(*f, m.model->config(), "\"skill\": \"dynamic\"");
-  {
-    Session probe(m.backend, run.session());  // the gate and backend checks
-    probe.set_probe(check.layer());
-  }
+  auto d = std::make_shared<Shared>(run, m.model, SkillSwitch(*f, m.model->config(), "\"skill\": \"dynamic\""));
+  check_skill_probe(run, m.backend, d->sw);
   struct Hooks final : server::JobHooks {
     std::shared_ptr<Shared> d;
     SkillSwitch sw;
@@ -79,18 +76,12 @@ server::HttpServer::SkillDynamic dynamic_skills(const RunOpts& run, const Loaded
       s.switch_backend(d->engine(sw.active()));
     }
     void after_token(Session& s) override {
-      const std::vector<float>& h = s.probed();
-      const size_t H = static_cast<size_t>(s.model().config().hidden);
-      if (h.size() < H) return;
-      const std::string line = sw.after_token(h.data() + h.size() - H);
-      if (line.empty()) return;
-      std::fprintf(stderr, "dory serve: skill dynamic: %s\n", line.c_str());
-      s.switch_backend(d->engine(sw.active()));
+      const std::string line = follow_skill(sw, s, [this](const std::string& id) { return d->engine(id); });
+      if (!line.empty()) std::fprintf(stderr, "dory serve: skill dynamic: %s\n", line.c_str());
     }
   };
   return [d](const std::vector<int32_t>& prompt) -> std::shared_ptr<server::JobHooks> {
-    const cmf::File& file = *d->model->weights().cmf;
-    SkillSwitch sw(file, d->model->config(), "\"skill\": \"dynamic\"");
+    SkillSwitch sw = d->sw;
     std::string line;
     {
       std::lock_guard<std::mutex> lk(d->phi_mu);
@@ -165,9 +156,7 @@ int run_serve(ServeOpts o) {
     const RunOpts run = o.run;
     try {
       sk.dynamic = dynamic_skills(run, m);
-      if (o.run.skill_dynamic) sk.request_default = "dynamic";
     } catch (const Error& e) {
-      if (o.run.skill_dynamic) throw;
       sk.dynamic_why = e.what();
     }
     skills = [run](const std::string& id) {
@@ -199,7 +188,8 @@ int run_serve(ServeOpts o) {
       };
     }
   }
-  if (o.run.skill_dynamic && !sk.dynamic) throw Error("--skill-dynamic: " + sk.dynamic_why);
+  // A default the server cannot honour stops it here (HttpServer::ready), with its reason.
+  if (o.run.skill_dynamic) sk.request_default = "dynamic";
   if (o.run.skill == "auto") sk.request_default = "auto";
   http.ready(m.backend, std::move(m.tok), tmpl, eo, rd, std::move(sk));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

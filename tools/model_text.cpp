@@ -114,10 +114,7 @@ DynamicSkills::DynamicSkills(const RunOpts& run, Loaded& l, std::span<const int3
   if (!f) throw Error(l.model->path() + ": --skill-dynamic: skills live in CMF files; this model is not one");
   sw_ = std::make_unique<SkillSwitch>(*f, l.model->config());
   engines_.emplace_back("", l.backend);
-  {
-    Session probe(l.backend, run.session());  // the gate and backend checks, before any output
-    probe.set_probe(sw_->layer());
-  }
+  check_skill_probe(run, l.backend, *sw_);
   std::fprintf(stderr, "skill dynamic: %s\n", sw_->start(prompt_phi(run, l.backend, prompt, sw_->layer())).c_str());
   l.backend = engine(sw_->active());
 }
@@ -135,13 +132,23 @@ void DynamicSkills::attach(Session& s) const {
 }
 
 void DynamicSkills::after_token(Session& s) {
+  const std::string line = follow_skill(*sw_, s, [this](const std::string& id) { return engine(id); });
+  if (!line.empty()) std::fprintf(stderr, "skill dynamic: %s\n", line.c_str());
+}
+
+void check_skill_probe(const RunOpts& run, const std::shared_ptr<Backend>& backend, const SkillSwitch& sw) {
+  Session probe(backend, run.session());
+  probe.set_probe(sw.layer());
+}
+
+std::string follow_skill(SkillSwitch& sw, Session& s,
+                         const std::function<std::shared_ptr<Backend>(const std::string&)>& engine) {
   const std::vector<float>& h = s.probed();
   const size_t H = static_cast<size_t>(s.model().config().hidden);
-  if (h.size() < H) return;  // the pass took no whole-token plan (nothing to read)
-  const std::string line = sw_->after_token(h.data() + h.size() - H);
-  if (line.empty()) return;
-  std::fprintf(stderr, "skill dynamic: %s\n", line.c_str());
-  s.switch_backend(engine(sw_->active()));
+  if (h.size() < H) return "";  // the pass took no whole-token plan (nothing to read)
+  std::string line = sw.after_token(h.data() + h.size() - H);
+  if (!line.empty()) s.switch_backend(engine(sw.active()));
+  return line;
 }
 
 std::string chat_template_source(const Tokenizer& tok) {

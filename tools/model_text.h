@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -48,6 +49,15 @@ std::vector<std::pair<std::string, double>> skill_errors(const RunOpts& run, con
 // (Session::set_probe). A switch moves the session to that skill's engine
 // (Session::switch_backend; engines made on first use). Each decision that changes the skill
 // is one line on stderr. CPU backend, gate off (the session refuses otherwise).
+// The checks --skill-dynamic makes before any output: a session of `run`'s settings on
+// `backend` reads hidden states at sw.layer() (the gate off, the CPU; Error otherwise).
+void check_skill_probe(const RunOpts& run, const std::shared_ptr<Backend>& backend, const SkillSwitch& sw);
+// After a generated token's pass on `s` (probing at sw.layer()): the switch takes the token's
+// hidden row; when the skill changes, the session moves to engine(new skill) and the decision's
+// line comes back (else "").
+std::string follow_skill(SkillSwitch& sw, Session& s,
+                         const std::function<std::shared_ptr<Backend>(const std::string&)>& engine);
+
 class DynamicSkills {
  public:
   // Checks the file and picks the prompt's skill; l.backend becomes that skill's engine.
