@@ -1,17 +1,12 @@
 // Drives headless Chromium through dory serve's chat page (run by test_chat_page.py):
 //   node chat_page.mjs URL API_KEY SCREENSHOT.png CHROMIUM
 // Prints one JSON object of what it saw; the Python test asserts on it.
-import puppeteer from "puppeteer-core";
+import { launch, sleep } from "./browser.mjs";
 
 const [url, key, shot, chromium] = process.argv.slice(2);
 const out = {};
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-const browser = await puppeteer.launch({
-  executablePath: chromium,
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-});
+const browser = await launch(chromium);
 try {
   const page = await browser.newPage();
   await page.setViewport({ width: 1100, height: 760 });

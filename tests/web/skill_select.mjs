@@ -2,16 +2,11 @@
 //   node skill_select.mjs URL CHROMIUM
 // Prints one JSON object: the skill choices the page offers, then what it sent with "alt"
 // chosen (the answer; the server's log says which skill ran).
-import puppeteer from "puppeteer-core";
+import { launch, sleep } from "./browser.mjs";
 
 const [url, chromium] = process.argv.slice(2);
 const out = {};
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const browser = await puppeteer.launch({
-  executablePath: chromium,
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-});
+const browser = await launch(chromium);
 try {
   const page = await browser.newPage();
   const errors = [];
