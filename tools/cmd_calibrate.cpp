@@ -36,6 +36,7 @@ namespace {
 struct CalibrateOpts {
   RunOpts run;
   std::string tokenizer, text, out;
+  std::string raw;  // --raw PREFIX: also the raw f32 side files
   int64_t tokens = 16384;
   int rank = 16;
   double easy_share = 0.5;  // the share of tokens (lowest KL first) the router calls easy
@@ -326,6 +327,13 @@ int run_calibrate(const CalibrateOpts& o) {
       "wrote %s: exit bias %.4f, o1 %s, exact budget %lld, router rank %lld/%lld (%.1f s)\n",
       o.out.c_str(), r.bias, o1.str().c_str(), (long long)o.budget, (long long)r.rank_easy,
       (long long)r.rank_hard, since(t0));
+  if (!o.raw.empty()) {
+    const std::string rf = o.raw + ".router.f32", ef = o.raw + ".exact.f32";
+    write_raw_router(rf, r);
+    write_raw_exact(ef, turbo.exact_weights, c);
+    std::fprintf(stderr, "wrote %s and %s: on the plain model, --gate recon:%s:%.9g --exact %s:%lld\n",
+                 rf.c_str(), ef.c_str(), rf.c_str(), r.bias, ef.c_str(), (long long)o.budget);
+  }
   return 0;
 }
 
@@ -349,6 +357,10 @@ Runner add_calibrate(CLI::App& app) {
       ->required();
   cmd->add_option("--tokenizer", o->tokenizer,
                   "tokenizer.json or its directory (default: the model's)");
+  cmd->add_option("--raw", o->raw,
+                  "also write PREFIX.router.f32 and PREFIX.exact.f32, the router and exact-row "
+                  "weights as raw f32 side files (cortiq's layout; for --gate recon:FILE:BIAS and "
+                  "--exact FILE:ROWS on the plain model)");
   cmd->add_option("--tokens", o->tokens, "tokens of the text for the router")
       ->check(CLI::Range(int64_t(256), int64_t(1) << 24))
       ->capture_default_str();

@@ -74,7 +74,8 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
          "(default: 1 on a turbo model file, else 0)")
       ->check(CLI::Range(0, 16));
   app->add_option("--gate", o.gate,
-                  "early exit after one pass (last_loop): conf:THETA | recon[:BIAS] | auto | off "
+                  "early exit after one pass (last_loop): conf:THETA | recon[:BIAS] | recon:FILE[:BIAS] "
+                  "(the router of a dory calibrate file, or a raw f32 router file) | auto | off "
                   "(default: recon on a turbo model file, else off)");
   app->add_option(
       "--o1", o.o1,

@@ -23,10 +23,14 @@ struct GateParams {
   Kind kind = Kind::Off;
   double theta = 0.7;  // conf: exit when the top probability >= theta
   std::optional<double>
-      bias;  // recon: one pass when score >= bias (default: the model file's, else 0)
+      bias;  // recon: one pass when score >= bias (default: the router's file's, else 0)
+  // recon: the router from this file instead of the model file's (a GGUF made by dory
+  // calibrate, or cortiq's raw f32 router: docs/turbo.md); "" = the model file's.
+  std::string router_file;
   std::string str() const;  // as parse_gate reads it
 };
-// "off" | "conf:THETA" | "recon" | "recon:BIAS" | "auto"; throws Error naming --gate.
+// "off" | "conf:THETA" | "recon" | "recon:BIAS" | "recon:FILE" | "recon:FILE:BIAS" | "auto";
+// throws Error naming --gate (also when FILE does not exist).
 GateParams parse_gate(const std::string& s);
 
 // The O(1) far field of the full-attention layers (docs/model.md, "Far field").

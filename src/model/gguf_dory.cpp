@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/mapped_file.h"
+#include "text/tokenizer.h"
 
 namespace dory {
 
@@ -287,10 +288,14 @@ std::string write_tokenizer_metadata(gguf::Writer& w, const std::string& dir, in
     if (eos >= 0) w.set("tokenizer.ggml.eos_token_id", Value::u32(static_cast<uint32_t>(eos)));
     if (unk >= 0) w.set("tokenizer.ggml.unknown_token_id", Value::u32(static_cast<uint32_t>(unk)));
     if (pad >= 0) w.set("tokenizer.ggml.padding_token_id", Value::u32(static_cast<uint32_t>(pad)));
-    if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean())
-      w.set("tokenizer.ggml.add_bos_token", Value::boolean(cfg["add_bos_token"].get<bool>()));
-    if (cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean())
-      w.set("tokenizer.ggml.add_eos_token", Value::boolean(cfg["add_eos_token"].get<bool>()));
+    // What the tokenizer adds around a text: tokenizer_config.json's add_*_token flags, or
+    // without them tokenizer.json's post-processor (the built-in model's adds BOS that way).
+    // Both are written, so the GGUF encodes as the directory does (a reader without the keys
+    // falls back to llama.cpp's default for the pre-tokenizer name, which may differ).
+    // (GGUF can only say "the BOS / EOS id": a rule adding other tokens is not carried.)
+    const auto t = Tokenizer::from_path(dir);
+    w.set("tokenizer.ggml.add_bos_token", Value::boolean(t->adds_bos() && bos >= 0));
+    w.set("tokenizer.ggml.add_eos_token", Value::boolean(t->adds_eos() && eos >= 0));
     note = "tokenizer: " + std::to_string(tokens.size()) + " tokens, " +
            std::to_string(merges.size()) + " merges, pre '" + pre + "'";
   }

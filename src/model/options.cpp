@@ -2,6 +2,7 @@
 // --o1, --exact): every bad value is one clear error naming the flag.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,8 @@ std::string fmt(double v) {
 
 GateParams parse_gate(const std::string& s) {
   GateParams g;
-  const std::string bad = "--gate: '" + s + "' is not off, conf:THETA, recon, recon:BIAS or auto";
+  const std::string bad =
+      "--gate: '" + s + "' is not off, conf:THETA, recon, recon:BIAS, recon:FILE[:BIAS] or auto";
   if (s == "off") return g;
   if (s == "auto") {
     g.kind = GateParams::Kind::Auto;
@@ -53,6 +55,23 @@ GateParams parse_gate(const std::string& s) {
   if (colon == std::string::npos) throw Error(bad);
   const std::string kind = s.substr(0, colon), val = s.substr(colon + 1);
   double v = 0;
+  if (kind == "recon" && !parse_double(val, &v)) {
+    // recon:FILE or recon:FILE:BIAS (a number after the last colon is the bias).
+    std::string file = val;
+    const size_t c2 = val.rfind(':');
+    if (c2 != std::string::npos && parse_double(val.substr(c2 + 1), &v)) {
+      file = val.substr(0, c2);
+      g.bias = v;
+    }
+    std::error_code ec;
+    if (file.empty() || !std::filesystem::is_regular_file(file, ec))
+      throw Error("--gate recon:" + val + ": no file '" + file +
+                  "' (recon:BIAS takes a number, recon:FILE[:BIAS] a router file)");
+    if (g.bias && std::fabs(*g.bias) > 1e6) throw Error("--gate recon:" + val + ": the bias is out of range");
+    g.kind = GateParams::Kind::Recon;
+    g.router_file = file;
+    return g;
+  }
   if (!parse_double(val, &v)) throw Error(bad);
   if (kind == "conf") {
     if (!(v > 0 && v <= 1)) throw Error("--gate conf:" + val + ": the threshold must lie in (0, 1]");
@@ -73,7 +92,11 @@ std::string GateParams::str() const {
     case Kind::Off: return "off";
     case Kind::Auto: return "auto";
     case Kind::Conf: return "conf:" + fmt(theta);
-    case Kind::Recon: return bias ? "recon:" + fmt(*bias) : "recon";
+    case Kind::Recon: {
+      std::string r = "recon";
+      if (!router_file.empty()) r += ":" + router_file;
+      return bias ? r + ":" + fmt(*bias) : r;
+    }
   }
   return "?";
 }

@@ -130,21 +130,85 @@ void write_turbo_data(gguf::Writer& w, const Turbo& t) {
   if (!t.exact_weights.empty()) put(t.exact_weights);
 }
 
+namespace {
+// The floats of a raw little-endian f32 side file after its first one (a header we do not
+// read: cortiq's raw files start with one), or an empty vector when the file is a GGUF.
+std::vector<float> raw_f32_body(const std::string& path, bool* is_gguf) {
+  MappedFile m(path);
+  *is_gguf = m.size() >= 4 && std::memcmp(m.data(), "GGUF", 4) == 0;
+  if (*is_gguf) return {};
+  if (m.size() < 8 || m.size() % 4 != 0)
+    throw Error(path + ": not a GGUF made by dory calibrate, nor a raw f32 file (" + std::to_string(m.size()) +
+                " bytes: raw files hold 4-byte floats, a header float first)");
+  std::vector<float> w((m.size() - 4) / 4);
+  std::memcpy(w.data(), m.data() + 4, 4 * w.size());
+  return w;
+}
+void write_f32_file(const std::string& path, const std::vector<float>& w) {
+  write_replacing(path, [&](const std::string& tmp) {
+    write_text_file(tmp, std::string(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(float)));
+  });
+}
+}  // namespace
+
+Router load_router(const std::string& path, const DoryConfig& c) {
+  bool gguf = false;
+  std::vector<float> w = raw_f32_body(path, &gguf);
+  if (gguf) {
+    gguf::File f(path);
+    Router r = read_turbo(f, c).router;
+    if (r.empty()) throw Error(path + ": no router (dory_router.* tensors; make one with dory calibrate)");
+    return r;
+  }
+  // Raw: easy mean [H], easy basis [r x H], hard mean [H], hard basis [r x H], one rank r for
+  // both; the size gives r. (How cortiq lays out its router file is not in CMF.md; this is
+  // the order of the GGUF router's tensors, the header float as in its exact-row file.)
+  const int64_t H = c.hidden, n = static_cast<int64_t>(w.size());
+  if (n % (2 * H) != 0 || n / (2 * H) < 2)
+    throw Error(path + ": a raw router for this model holds 1 + 2 x (1 + rank) x " + std::to_string(H) +
+                " floats (easy mean and basis, hard mean and basis; rank >= 1); this file holds 1 + " +
+                std::to_string(n));
+  Router r;
+  r.dim = H;
+  r.rank_easy = r.rank_hard = n / (2 * H) - 1;
+  const size_t half = static_cast<size_t>(n / 2), hh = static_cast<size_t>(H);
+  r.easy_mean.assign(w.begin(), w.begin() + hh);
+  r.easy_basis.assign(w.begin() + hh, w.begin() + half);
+  r.hard_mean.assign(w.begin() + half, w.begin() + half + hh);
+  r.hard_basis.assign(w.begin() + half + hh, w.end());
+  r.validate(path.c_str());
+  return r;
+}
+
+void write_raw_router(const std::string& path, const Router& r) {
+  if (r.rank_easy != r.rank_hard)
+    throw Error(path + ": a raw router file holds one rank for both topologies (easy " + std::to_string(r.rank_easy) +
+                ", hard " + std::to_string(r.rank_hard) + ")");
+  std::vector<float> w{static_cast<float>(r.rank_easy)};
+  for (const auto* v : {&r.easy_mean, &r.easy_basis, &r.hard_mean, &r.hard_basis}) w.insert(w.end(), v->begin(), v->end());
+  write_f32_file(path, w);
+}
+
+void write_raw_exact(const std::string& path, const std::vector<float>& weights, const DoryConfig& c) {
+  std::vector<float> w{static_cast<float>(full_layer_count(c))};
+  w.insert(w.end(), weights.begin(), weights.end());
+  write_f32_file(path, w);
+}
+
 std::vector<float> load_exact_weights(const std::string& path, const DoryConfig& c) {
   const int64_t want = full_layer_count(c) * 2 * c.n_kv_head;
   {
     // cortiq's raw weight file: little-endian f32, the first float skipped (a header we do not
     // read), then the weights in dory_exact.weight's order (full layer, then per KV head the
     // key residual's and the value norm's). A GGUF (dory calibrate's) starts with "GGUF".
-    MappedFile m(path);
-    if (m.size() < 4 || std::memcmp(m.data(), "GGUF", 4) != 0) {
-      if (m.size() != static_cast<uint64_t>(4 * (1 + want)))
-        throw Error(path + ": not a GGUF made by dory calibrate, nor cortiq's raw f32 exact-row weights for "
-                    "this model (1 + " + std::to_string(want) + " floats = " + std::to_string(4 * (1 + want)) +
-                    " bytes: " + std::to_string(full_layer_count(c)) + " full layers x 2 x " +
-                    std::to_string(c.n_kv_head) + " KV heads); it has " + std::to_string(m.size()) + " bytes");
-      std::vector<float> w(static_cast<size_t>(want));
-      std::memcpy(w.data(), m.data() + 4, 4 * want);
+    bool gguf = false;
+    std::vector<float> w = raw_f32_body(path, &gguf);
+    if (!gguf) {
+      if (static_cast<int64_t>(w.size()) != want)
+        throw Error(path + ": not cortiq's raw f32 exact-row weights for this model (1 + " + std::to_string(want) +
+                    " floats = " + std::to_string(4 * (1 + want)) + " bytes: " +
+                    std::to_string(full_layer_count(c)) + " full layers x 2 x " + std::to_string(c.n_kv_head) +
+                    " KV heads); it holds 1 + " + std::to_string(w.size()) + " floats");
       for (float v : w)
         if (!std::isfinite(v)) throw Error(path + ": raw exact-row weights hold a non-finite value");
       return w;

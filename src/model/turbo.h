@@ -41,4 +41,13 @@ int64_t full_layer_count(const DoryConfig& c);
 // the same order), checked against c.
 std::vector<float> load_exact_weights(const std::string& path, const DoryConfig& c);
 
+// The recon router of --gate recon:FILE: a GGUF's dory_router.* tensors (with its exit bias
+// as the default), or a raw f32 router file (one float skipped, then easy mean [H], easy
+// basis [r x H], hard mean [H], hard basis [r x H]; bias 0), checked against c.
+Router load_router(const std::string& path, const DoryConfig& c);
+// The raw files dory calibrate --raw writes (the header float: the rank, resp. the number of
+// full layers; readers skip it). Written whole or not at all.
+void write_raw_router(const std::string& path, const Router& r);
+void write_raw_exact(const std::string& path, const std::vector<float>& weights, const DoryConfig& c);
+
 }  // namespace dory

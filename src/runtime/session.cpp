@@ -33,6 +33,7 @@ struct SessionState {
   GateParams gate;        // resolved: Off, Conf or Recon
   double recon_bias = 0;  // Recon: the threshold in force
   const Router* router = nullptr;
+  std::unique_ptr<Router> own_router;  // --gate recon:FILE's
   O1Params o1;
   ExactParams exact;
   int64_t rebuild_at = -1;  // position before which the far fields are rebuilt (-1: none pending)
@@ -170,11 +171,15 @@ Session::Session(std::shared_ptr<Backend> backend, SessionOptions opts)
                 " needs --kv last_loop: under per_loop a token that leaves after one pass would "
                 "leave a hole in "
                 "the second pass's cache");
-  if (g.kind == GateParams::Kind::Recon) {
+  if (g.kind == GateParams::Kind::Recon && !g.router_file.empty()) {
+    S.own_router = std::make_unique<Router>(load_router(g.router_file, c));
+    S.router = S.own_router.get();
+    S.recon_bias = g.bias.value_or(S.router->bias);
+  } else if (g.kind == GateParams::Kind::Recon) {
     if (turbo.router.empty())
       throw Error(
-          "--gate recon: the model file has no router (make one with dory calibrate, or use "
-          "conf:THETA)");
+          "--gate recon: the model file has no router (make one with dory calibrate, give "
+          "recon:FILE, or use conf:THETA)");
     S.router = &turbo.router;
     S.recon_bias = g.bias.value_or(turbo.router.bias);
   }

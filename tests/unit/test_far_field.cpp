@@ -422,3 +422,76 @@ TEST(Turbo, KeysAndTensorsAreReadAndCheckedWithClearErrors) {
   expect_error([](gguf::Writer& w) { w.add_tensor("dory_exact.weight", DType::F32, {3, 5}); },
                {std::vector<float>(15, 1.0f)}, "wrong shape");
 }
+
+// --gate recon:FILE[:BIAS]: the router of a dory calibrate GGUF, or a raw f32 file (one header
+// float, then easy mean, easy basis, hard mean, hard basis; docs/turbo.md), both written here
+// and read back equal; a raw file of the wrong size and a missing file are one-line errors.
+TEST(Turbo, RouterFilesRawAndGguf) {
+  DoryConfig c = fixture::tiny()->config();  // H 64
+  Router r;
+  r.dim = c.hidden, r.rank_easy = r.rank_hard = 2;
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd;
+  for (auto* v : {&r.easy_mean, &r.hard_mean}) for (int i = 0; i < 64; ++i) v->push_back(nd(g));
+  for (auto* v : {&r.easy_basis, &r.hard_basis}) for (int i = 0; i < 128; ++i) v->push_back(nd(g));
+  const std::string raw = testing::TempDir() + "router_test.f32";
+  write_raw_router(raw, r);
+  const Router back = load_router(raw, c);
+  EXPECT_EQ(back.rank_easy, 2);
+  EXPECT_EQ(back.easy_mean, r.easy_mean);
+  EXPECT_EQ(back.easy_basis, r.easy_basis);
+  EXPECT_EQ(back.hard_mean, r.hard_mean);
+  EXPECT_EQ(back.hard_basis, r.hard_basis);
+  EXPECT_EQ(back.bias, 0.0);  // a raw file carries no bias: recon:FILE:BIAS gives one
+  std::vector<float> x(64);
+  for (float& v : x) v = nd(g);
+  EXPECT_EQ(back.score(x.data()), r.score(x.data()));
+
+  const GateParams gp = parse_gate("recon:" + raw + ":-0.5");
+  EXPECT_EQ(gp.router_file, raw);
+  EXPECT_EQ(gp.bias.value(), -0.5);
+  EXPECT_EQ(gp.str(), "recon:" + raw + ":-0.5");
+  EXPECT_FALSE(parse_gate("recon:" + raw).bias.has_value());
+  EXPECT_EQ(parse_gate("recon:" + raw).router_file, raw);
+
+  Turbo t;
+  t.router = r;
+  t.router.bias = 0.125;
+  const std::string gg = write_turbo_gguf([&](gguf::Writer& w) { declare_turbo(w, t, c); },
+                                          {r.easy_mean, r.easy_basis, r.hard_mean, r.hard_basis});
+  const Router from_gguf = load_router(gg, c);
+  EXPECT_EQ(from_gguf.hard_basis, r.hard_basis);
+  EXPECT_FLOAT_EQ(static_cast<float>(from_gguf.bias), 0.125f);  // the file's exit bias
+  std::remove(gg.c_str());
+
+  auto message = [&](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  {  // one float short
+    std::FILE* f = std::fopen(raw.c_str(), "wb");
+    std::vector<float> v(1 + 2 * 3 * 64 - 1, 0.0f);
+    std::fwrite(v.data(), 4, v.size(), f);
+    std::fclose(f);
+  }
+  EXPECT_NE(message([&] { load_router(raw, c); }).find("1 + 2 x (1 + rank) x 64 floats"), std::string::npos);
+  {  // a mean only: rank 0 is refused
+    std::FILE* f = std::fopen(raw.c_str(), "wb");
+    std::vector<float> v(1 + 2 * 64, 0.0f);
+    std::fwrite(v.data(), 4, v.size(), f);
+    std::fclose(f);
+  }
+  EXPECT_NE(message([&] { load_router(raw, c); }).find("rank >= 1"), std::string::npos);
+  {  // not a whole number of floats
+    std::FILE* f = std::fopen(raw.c_str(), "wb");
+    std::fwrite("abcdefg", 1, 7, f);
+    std::fclose(f);
+  }
+  EXPECT_NE(message([&] { load_router(raw, c); }).find("4-byte floats"), std::string::npos);
+  std::remove(raw.c_str());
+  EXPECT_NE(message([&] { parse_gate("recon:" + raw + ":1"); }).find("no file"), std::string::npos);
+}
