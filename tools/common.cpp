@@ -105,7 +105,7 @@ void add_run_opts(CLI::App* app, RunOpts& o) {
       "chat, logits: the file's routers pick one from the prompt's hidden states; serve: for each "
       "request that names none); dory info lists the file's skills");
   app->add_flag("--skill-dynamic", o.skill_dynamic,
-                "CMF files (dory run, chat, serve; CPU; gate off): the skill follows the generated "
+                "CMF files (dory run, chat, serve; gate off): the skill follows the generated "
                 "text, re-routed every 8 tokens from the hidden states (cortiq's --route-dynamic; "
                 "skills of MLP tensors only; serve: the default of a request, which may say "
                 "\"skill\": \"dynamic\"; docs/cmf.md)");

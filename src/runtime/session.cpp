@@ -285,9 +285,6 @@ void Session::set_probe(int layer) {
                 std::to_string(c.n_layer) + " layers");
   if (layer >= 0 && S.gate.kind != GateParams::Kind::Off)
     throw Error("--skill-dynamic reads every token's full pass: it needs --gate off");
-  if (layer >= 0 && std::string(backend_->name()) != "cpu")
-    throw Error(std::string("--skill-dynamic: the ") + backend_->name() +
-                " backend does not read hidden states token by token yet (run it with --device cpu)");
   S.probe_layer = layer < 0 ? -1 : layer;
   S.plans.clear();
   S.probed.clear();

@@ -385,6 +385,33 @@ class BuiltinModel(unittest.TestCase):
         print("  greedy 64 tokens, cuda: %r" % outs[0][:80], flush=True)
         self.assertEqual(outs[0], outs[1])
 
+    def test_skill_dynamic_follows_the_text_as_on_the_cpu(self):
+        """--skill-dynamic on the GPU (the Probe step copies the hidden state on the device):
+        the built-in model as CMF with two skills (tests/cmf SkillDynamic's file), thresholds
+        that switch at every look; the switch lines and the text equal the CPU's (greedy
+        text of the built-in model: the same as test_greedy_run_is_the_same)."""
+        sys.path.insert(0, os.path.join(ROOT, "tests", "cmf"))
+        import test_cmf_model as CM
+        CM.DORY = DORY
+        CM.SkillDynamic.setUpClass()
+        try:
+            e = dict(os.environ)
+            e.update(FLOAT)
+            e.update({"DORY_SKILL_ON": "10", "DORY_SKILL_OFF": "-1"})
+            outs = {}
+            for dev in ("cuda", "cpu"):
+                r = subprocess.run([DORY, "run", "-m", CM.SkillDynamic.model, "-p", "What is 31 + 8? The answer is",
+                                    "-n", "24", "--temp", "0", "--ignore-eos", "--skill-dynamic", "--device", dev],
+                                   capture_output=True, text=True, env=e)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                lines = [x for x in r.stderr.splitlines() if x.startswith("skill dynamic:")]
+                outs[dev] = (r.stdout, [x.split(" (E ")[0] for x in lines])
+            print("  skill dynamic, cuda: %s" % outs["cuda"][1], flush=True)
+            self.assertGreaterEqual(len(outs["cuda"][1]), 3, outs["cuda"])
+            self.assertEqual(outs["cuda"], outs["cpu"])
+        finally:
+            CM.SkillDynamic.tearDownClass()
+
     def test_far_field_is_refused(self):
         r = subprocess.run([DORY, "run", "-p", "hi", "--device", "cuda", "--o1", "32,128,4,512"], capture_output=True,
                            text=True)

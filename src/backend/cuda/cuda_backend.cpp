@@ -598,6 +598,13 @@ void CudaBackend::steps(std::span<const Step> plan) {
     drop_graphs();
     sums_ = cuda::DevBuf(std::max<size_t>(4096, 2 * plan.size()) * sizeof(double));
   }
+  // A Probe step's copy of the hidden state (allocated here: not while a graph is captured).
+  if (std::any_of(plan.begin(), plan.end(), [](const Step& s) { return s.op == Step::Op::Probe; }) &&
+      probed_.size() < static_cast<size_t>(T) * c.hidden * sizeof(float)) {
+    ck(cudaStreamSynchronize(st), "probe buffer");
+    drop_graphs();
+    probed_ = cuda::DevBuf(static_cast<size_t>(std::max(T, 64)) * c.hidden * sizeof(float));
+  }
   // 1. The host's part: cache slots and row tables, then one copy of all the tables.
   const int64_t base = pinned_used_;
   tables_.clear();
@@ -672,8 +679,11 @@ void CudaBackend::launch(std::span<const Step> plan) {
                            static_cast<cudaStream_t>(stream_)),
            "output begin");
         break;
-      case Step::Op::Probe:  // Session::set_probe refuses this backend before a pass gets here
-        throw Error("--skill-dynamic: the cuda backend does not read hidden states token by token yet");
+      case Step::Op::Probe:  // the layer's output (on the unit sphere already: nGPT), kept
+        ck(cudaMemcpyAsync(probed_.get(), x_.get(), T * H * sizeof(float), cudaMemcpyDeviceToDevice,
+                           static_cast<cudaStream_t>(stream_)),
+           "probe");
+        break;
     }
   }
   act_src_ = nullptr;
@@ -707,6 +717,18 @@ void CudaBackend::logits(std::span<const int64_t> rows, float* out) {
      "logits download");
   cuda::prof_flush();
   ck(cudaStreamSynchronize(st), "logits");
+}
+
+void CudaBackend::probe(std::span<const int64_t> rows, float* out) {
+  const int64_t H = model_->config().hidden;
+  if (static_cast<int64_t>(probed_.size()) < (rows.empty() ? 0 : (*std::max_element(rows.begin(), rows.end()) + 1) * H * 4))
+    throw Error("probe: the last pass had no Probe step");
+  auto st = static_cast<cudaStream_t>(stream_);
+  for (size_t r = 0; r < rows.size(); ++r)
+    ck(cudaMemcpyAsync(out + r * H, static_cast<const float*>(probed_.get()) + rows[r] * H, H * sizeof(float),
+                       cudaMemcpyDeviceToHost, st),
+       "probe download");
+  ck(cudaStreamSynchronize(st), "probe");
 }
 
 void CudaBackend::state(std::span<const int64_t> rows, float* out) {

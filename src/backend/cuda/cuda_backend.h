@@ -88,6 +88,7 @@ class CudaBackend final : public Backend {
   void steps(std::span<const Step> plan) override;
   void logits(std::span<const int64_t> rows, float* out) override;
   void state(std::span<const int64_t> rows, float* out) override;
+  void probe(std::span<const int64_t> rows, float* out) override;
   void host_parallel(int64_t n, const std::function<void(int64_t)>& fn) override {
     pool_.run(n, fn);
   }
@@ -137,6 +138,7 @@ class CudaBackend final : public Backend {
   std::vector<CudaCaches*> caches_;
   bool one_run_ = false;  // the pass's rows: one sequence, consecutive positions
   cuda::DevBuf sums_;     // the decode fusions' sums of squares, zeroed per pass
+  cuda::DevBuf probed_;   // the hidden state where a pass's Probe step stood [T x H]
   int64_t sum_next_ = 0;
   bool bf16_input_ = false;  // BF16 products round their input to bf16, as the CPU kernel set does
   cuda::DevBuf xs_;  // a q8_2f matrix's input scaled by its columns
