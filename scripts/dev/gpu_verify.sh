@@ -13,8 +13,8 @@ stamp kernels
 timeout 150 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1
 grep -E "FAIL|ldmatrix|2304x512|case\(s\)" $OUT/kernels.txt | tee -a $L
 stamp tests
-DORY_BIN=build/dory timeout 200 python3 tests/gpu/test_gpu.py > $OUT/gpu_tests.txt 2>&1
-grep -E "max\|d\||agreement|decode:|prompt:|spread|greedy|^Ran|^OK|FAIL|Error|error" $OUT/gpu_tests.txt | tail -45 | tee -a $L
+DORY_BIN=build/dory timeout 240 python3 tests/gpu/test_gpu.py -v > $OUT/gpu_tests.txt 2>&1
+grep -E "max\|d\||agreement|decode:|prompt:|spread|greedy|skill dynamic|^Ran|^OK|FAIL|Error|error" $OUT/gpu_tests.txt | tail -45 | tee -a $L
 wait $ck
 stamp bench
 L=$L bash scripts/dev/gpu_int8_ab.sh
