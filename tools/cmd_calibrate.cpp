@@ -196,20 +196,25 @@ int run_calibrate(const CalibrateOpts& o) {
                         : within_budget(order);
   {
     // What other orderings would let out within the same budget: the conf gate's signal
-    // (the first read-out's top probability) and, as a bound no causal gate reaches, the
-    // true KL to all passes (known only after them).
+    // (the first read-out's top probability); the true KL to all passes (known only after
+    // them), the bound for a gate that does not know the next token: the NLL rise's
+    // expectation over the next token is that KL when the all-pass model is calibrated; and
+    // the NLL rise itself in rising order, an oracle that knows the next token (with a budget
+    // on the sum, the smallest rises first let out the most; it counts the tokens the second
+    // pass happened to make worse).
     auto share_by = [&](const std::vector<double>& key) {
       return 100.0 * double(within_budget(falling(key))) / double(n_tok);
     };
-    std::vector<double> by_p1(n_tok), by_kl(n_tok);
+    std::vector<double> by_p1(n_tok), by_kl(n_tok), by_dn(n_tok);
     double all = 0;
-    for (int64_t i = 0; i < n_tok; ++i) by_p1[i] = p1[i], by_kl[i] = -kl[i], all += dnll[i];
+    for (int64_t i = 0; i < n_tok; ++i) by_p1[i] = p1[i], by_kl[i] = -kl[i], by_dn[i] = -dnll[i], all += dnll[i];
     std::fprintf(stderr,
                  "router: every token out after one pass would cost %+.2f%% perplexity; within "
                  "%.2f%%: %.1f%% out by the router, %.1f%% by the first read-out's confidence "
-                 "(conf gate), %.1f%% by the true KL (a bound)\n",
+                 "(conf gate), %.1f%% by the true KL (a bound), %.1f%% by the NLL rise itself "
+                 "(an oracle that knows the next token)\n",
                  100.0 * std::expm1(all / double(n_tok)), o.max_cost, share_by(score),
-                 share_by(by_p1), share_by(by_kl));
+                 share_by(by_p1), share_by(by_kl), share_by(by_dn));
   }
   // A bias just above the next token's score keeps ties with it from leaving too.
   r.bias = k == 0 ? score[order[0]] + 1e-6 : score[order[k - 1]];
