@@ -275,7 +275,7 @@ void merge_adapters(Weights& w, const std::vector<std::string>& specs) {
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) {
           double s = 0;
-          for (int64_t k = 0; k < d.rank; ++k) s += double(d.b[r * d.rank + k]) * d.a[k * cols + c];
+          for (int64_t k = 0; k < d.rank; ++k) s += double(d.bt[k * rows + r]) * d.a[k * cols + c];
           m[r * cols + c] += static_cast<float>(d.scale * s);
         }
     t.dtype = DType::F32;

@@ -23,17 +23,18 @@ for v in 1 0; do
     echo "$m tc_int8=$v $(DORY_CUDA_TC_INT8=$v pp /tmp/$m.gguf)" | tee -a $L
   done
 done
-# BF16 prompts: the default tensor-core product, the ldmatrix one (DORY_CUDA_TC2=1) and cuBLAS
-# (DORY_CUDA_CUBLAS=1), alternated; then where a BF16 prompt's time goes, default and cuBLAS
+# BF16 prompts: cuBLAS (the default), the ldmatrix kernel (DORY_CUDA_CUBLAS=0) and the first
+# tensor-core kernel (also DORY_CUDA_TC2=0), alternated; then where a BF16 prompt's time goes,
+# default and our kernel
 # (DORY_CUDA_PROFILE=1: every launch timed; to $OUT/profile_pp.txt).
 for r in $(seq ${ROUNDS:-2}); do
-  for v in "" DORY_CUDA_TC2=1 DORY_CUDA_CUBLAS=1; do
+  for v in "" DORY_CUDA_CUBLAS=0 "DORY_CUDA_CUBLAS=0 DORY_CUDA_TC2=0"; do
     for p in 512 4096; do
       echo "bf16 ${v:-default} $(env $v build/dory bench --device cuda -m /tmp/dory4b -p $p -n 0 -r 1 2>&1 | grep -E '\| pp[0-9]|rror')" | tee -a $L
     done
   done
 done
-for v in "" DORY_CUDA_CUBLAS=1; do
+for v in "" DORY_CUDA_CUBLAS=0; do
   [ -n "${NO_PROFILE:-}" ] && break
   echo "== ${v:-default}" >> ${OUT:-/tmp}/profile_pp.txt
   env $v DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m /tmp/dory4b -p 512 -n 0 -r 1 >> ${OUT:-/tmp}/profile_pp.txt 2>&1

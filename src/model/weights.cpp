@@ -550,8 +550,12 @@ void add_lora(Weights& w, kern::Mat& m, const TensorView& a, const TensorView& b
               float base) {
   w.decoded.push_back(a.to_f32());
   const float* pa = w.decoded.back().data();
-  w.decoded.push_back(b.to_f32());
-  const float* pb = w.decoded.back().data();
+  const std::vector<float> bf = b.to_f32();  // [rows x rank] -> [rank x rows]
+  const int64_t rows = b.shape[0], rank = b.shape[1];
+  std::vector<float>& bt = w.decoded.emplace_back(bf.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < rank; ++k) bt[k * rows + r] = bf[r * rank + k];
+  const float* pb = bt.data();
   w.loras[&m].push_back(
       kern::LoraDelta{a.shape[0], scale, pa, pb, static_cast<int>(w.adapter_names.size()), base});
   m.lora = &w.loras[&m];

@@ -35,12 +35,14 @@ struct Mat {
   const std::vector<struct LoraDelta>* lora = nullptr;
 };
 
-// One adapter of a matrix [rows x cols]: A [rank x cols] and B [rows x rank], in float.
+// One adapter of a matrix [rows x cols]: A [rank x cols] and B [rows x rank], in float, B
+// kept transposed (bt [rank x rows]: a rank's column of B is contiguous, so y += B (A x) is
+// rank axpy passes over y).
 struct LoraDelta {
   int64_t rank = 0;
   float scale = 1;  // what the run applies: user scale x alpha / rank
   const float* a = nullptr;
-  const float* b = nullptr;
+  const float* bt = nullptr;
   int adapter = 0;  // which --lora (0, 1, ...): a pass may scale each adapter per row
   float base = 1;   // alpha / rank alone: a row's own scale multiplies this
 };

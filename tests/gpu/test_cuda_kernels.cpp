@@ -379,6 +379,10 @@ int main() {
   cudaStream_t s;
   ck(cudaStreamCreate(&s), "stream");
   cuda::set_stream(s);
+  // The first product cases check the first tensor-core kernel: cuBLAS and the ldmatrix kernel,
+  // both on by default, are switched on for their own cases below.
+  cuda::set_cublas(false);
+  cuda::set_tc2(false);
   cuda::set_tc_float_inputs(true);
   cuda::set_tc_int8(true);
   std::mt19937 rng(7);
@@ -403,14 +407,14 @@ int main() {
     // Enough tiles for 128-row input tiles (tiles x row tiles >= 2 x SMs on an H100).
     product_case(DType::BF16, 2304, 512, 2000, rng);
     product_case(DType::Q8_0, 2304, 512, 2000, rng);
-    // The ldmatrix kernel (DORY_CUDA_TC2=1): the same cases.
+    // The ldmatrix kernel (the default where cuBLAS is not used): the same cases.
     cuda::set_tc2(true);
     g_variant = ", ldmatrix";
     for (int T : {16, 40, 130}) product_case(DType::BF16, 300, 512, T, rng);
     product_case(DType::BF16, 1000, 2560, 100, rng);
     product_case(DType::BF16, 2304, 512, 2000, rng);
     cuda::set_tc2(false);
-    // cuBLAS (DORY_CUDA_CUBLAS=1), where it can be loaded.
+    // cuBLAS (the default where it loads), where it can be loaded.
     if (cuda::set_cublas(true)) {
       g_variant = ", cuBLAS";
       for (int T : {16, 130}) product_case(DType::BF16, 300, 512, T, rng);

@@ -281,11 +281,14 @@ class BuiltinModel(unittest.TestCase):
                        min_top1=0.99, max_kl=1e-4)
 
     def test_bf16_prompt_product_variants(self):
-        # The prompts' BF16 products through the ldmatrix kernel (DORY_CUDA_TC2=1) and through
-        # cuBLAS (DORY_CUDA_CUBLAS=1), both opt-in until measured: the default kernel's function
-        # (bf16 inputs, float sums) in another order, so the built-in model stays as near the
-        # CPU as with the default (test_bf16_agreement's bounds for default inputs).
-        for env, label in (({"DORY_CUDA_TC2": "1"}, "ldmatrix"), ({"DORY_CUDA_CUBLAS": "1"}, "cuBLAS")):
+        # The prompts' BF16 products: cuBLAS (the default where it loads), the ldmatrix kernel
+        # (the default without cuBLAS: DORY_CUDA_CUBLAS=0) and the first tensor-core kernel
+        # (DORY_CUDA_CUBLAS=0 DORY_CUDA_TC2=0): the same function (bf16 inputs, float sums) in
+        # other orders, so the built-in model stays as near the CPU with each
+        # (test_bf16_agreement's bounds for default inputs).
+        for env, label in (({"DORY_CUDA_CUBLAS": "0"}, "ldmatrix"),
+                           ({"DORY_CUDA_CUBLAS": "0", "DORY_CUDA_TC2": "0"}, "the first tensor-core kernel"),
+                           ({"DORY_CUDA_CUBLAS": "1"}, "cuBLAS")):
             try:
                 self.agreement(MINI, "built-in BF16, prompt products via " + label, env=env, min_top1=0.99,
                                max_kl=1e-4)

@@ -1,7 +1,8 @@
 // cuBLAS for the prompts' BF16 products, loaded at run time (dlopen): the binary keeps no
 // link-time dependency on the library (hundreds of MB, not on every machine that has a GPU
-// driver), and where it is missing the backend's own tensor-core kernels run. Opt-in
-// (DORY_CUDA_CUBLAS=1) until the A/B against k_lin_tc has run (scripts/dev/gpu_int8_ab.sh).
+// driver), and where it is missing the backend's own tensor-core kernels run. On by default
+// since the A/B against k_lin_tc (scripts/dev/gpu_int8_ab.sh, docs/cuda.md; DORY_CUDA_CUBLAS=0
+// turns it off).
 // Why a library here: a GEMM at this size is what cuBLAS's Hopper kernels (wgmma, TMA) do best,
 // and writing those by hand is the alternative in docs/cuda.md's list.
 #include "backend/cuda/cublas.h"

@@ -381,6 +381,7 @@ void CudaBackend::reserve(int64_t T) {
 }
 
 void CudaBackend::begin(const PassRows& r) {
+  cuda::use_stream(stream_);  // another backend in this process may have pointed launches elsewhere
   const DoryConfig& c = model_->config();
   const int64_t T = static_cast<int64_t>(r.ids.size()), H = c.hidden;
   T_ = T;
@@ -700,6 +701,7 @@ void CudaBackend::drop_graphs() {
 }
 
 void CudaBackend::logits(std::span<const int64_t> rows, float* out) {
+  cuda::use_stream(stream_);
   if (rows.empty()) return;
   const DoryConfig& c = model_->config();
   const int n = static_cast<int>(rows.size());
@@ -720,6 +722,7 @@ void CudaBackend::logits(std::span<const int64_t> rows, float* out) {
 }
 
 void CudaBackend::probe(std::span<const int64_t> rows, float* out) {
+  cuda::use_stream(stream_);
   const int64_t H = model_->config().hidden;
   if (static_cast<int64_t>(probed_.size()) < (rows.empty() ? 0 : (*std::max_element(rows.begin(), rows.end()) + 1) * H * 4))
     throw Error("probe: the last pass had no Probe step");
@@ -732,6 +735,7 @@ void CudaBackend::probe(std::span<const int64_t> rows, float* out) {
 }
 
 void CudaBackend::state(std::span<const int64_t> rows, float* out) {
+  cuda::use_stream(stream_);
   const int64_t H = model_->config().hidden;
   auto st = static_cast<cudaStream_t>(stream_);
   for (size_t r = 0; r < rows.size(); ++r)

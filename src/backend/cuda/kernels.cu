@@ -1446,10 +1446,13 @@ bool g_tc = true, g_tc_float = false;
 // Prompts' Q8_0 / Q4_0 / Q4_K products on int8 tensor cores (k_lin_tc8, k_lin_tc8_q4k; 3-5x
 // dp4a's pp512 on an H100); DORY_CUDA_TC_INT8=0: dp4a, to compare against.
 bool g_tc_int8 = true;
-// BF16 prompts' products with k_lin_tc<BM, true> (ldmatrix, 64-column slices): DORY_CUDA_TC2=1, opt-in
-// until it has run on a GPU.
-bool g_tc2 = false;
-// BF16 prompts' products through cuBLAS (cublas.cpp; DORY_CUDA_CUBLAS=1, opt-in until measured).
+// BF16 prompts' products with k_lin_tc<BM, true> (ldmatrix, 64-column slices) where cuBLAS is
+// not used: on by default (DORY_CUDA_TC2=0: the first kernel). H100, 4B shape, 2026-12-07:
+// pp512 9756 against 8472 t/s, pp4096 7991 against 6941 (docs/cuda.md).
+bool g_tc2 = true;
+// BF16 prompts' products through cuBLAS (cublas.cpp), where libcublas loads: on by default
+// (DORY_CUDA_CUBLAS=0: our kernels; =1: an error if it does not load). Same call: pp512 15734,
+// pp4096 11534 t/s.
 bool g_cublas = false;
 bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: off)
 bool g_flash_f16 = true;  // its P V in fp16 (DORY_CUDA_FLASH_F16=0: bf16)
@@ -1576,6 +1579,10 @@ int row_threads(int64_t n) {
 
 }  // namespace
 
+void use_stream(void* s) {
+  g_stream = static_cast<cudaStream_t>(s);
+}
+
 void set_stream(void* s) {
   g_stream = static_cast<cudaStream_t>(s);
   sms();
@@ -1589,13 +1596,12 @@ void set_stream(void* s) {
   const char* t8 = std::getenv("DORY_CUDA_TC_INT8");
   g_tc_int8 = !(t8 && std::string(t8) == "0");
   const char* t2 = std::getenv("DORY_CUDA_TC2");
-  g_tc2 = t2 && std::string(t2) == "1";
+  g_tc2 = !(t2 && std::string(t2) == "0");
   const char* cb = std::getenv("DORY_CUDA_CUBLAS");
-  g_cublas = cb && std::string(cb) == "1";
-  if (g_cublas) {
-    std::string why;
-    if (!cublas_available(&why)) throw Error("DORY_CUDA_CUBLAS=1: " + why);
-  }
+  const std::string cbv = cb ? cb : "";
+  std::string why;
+  g_cublas = cbv != "0" && cublas_available(&why);
+  if (cbv == "1" && !g_cublas) throw Error("DORY_CUDA_CUBLAS=1: " + why);
   const char* fl = std::getenv("DORY_CUDA_FLASH");
   g_flash = !(fl && std::string(fl) == "0");
   const char* f16 = std::getenv("DORY_CUDA_FLASH_F16");

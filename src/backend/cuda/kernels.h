@@ -35,7 +35,12 @@ struct AttnRow {
   int64_t lo;
 };
 
+// The stream every launch goes to, and the switches read from the environment (once per
+// backend). use_stream only points the launches at a backend's stream: every backend does so
+// before its launches, since several may live in one process (--skill-dynamic's engines, the
+// server's skill engines) and each has its own stream.
 void set_stream(void* stream);
+void use_stream(void* stream);
 void check_last(const char* what);
 
 // How a product's input is taken, as the CPU backend takes it (so both compute one function):
@@ -59,11 +64,12 @@ void set_tc_float_inputs(bool on);
 // Prompts' Q8_0 / Q4_0 / Q4_K products on int8 tensor cores (on by default; DORY_CUDA_TC_INT8=0
 // at set_stream turns them off, to compare with the dp4a products).
 void set_tc_int8(bool on);
-// BF16 prompts' products with ldmatrix and 64-column slices (DORY_CUDA_TC2=1 at set_stream; off
-// by default until it has run on a GPU: test_cuda_kernels checks both).
+// BF16 prompts' products with ldmatrix and 64-column slices where cuBLAS is not used (on by
+// default; DORY_CUDA_TC2=0 at set_stream: the first kernel; test_cuda_kernels checks both).
 void set_tc2(bool on);
-// BF16 prompts' products through cuBLAS, loaded at run time (DORY_CUDA_CUBLAS=1 at set_stream;
-// off by default until measured). Returns false when asked on and cuBLAS cannot be loaded.
+// BF16 prompts' products through cuBLAS, loaded at run time (on where it loads; at set_stream
+// DORY_CUDA_CUBLAS=0 turns it off, =1 makes a failed load an error). Returns false when asked
+// on and cuBLAS cannot be loaded.
 bool set_cublas(bool on);
 // Y[t*rows + r] = W[r] . X[t*cols] for t < T, the input taken as `act` says. Bf16 rounds in
 // the product's own loads; Block32/Block256 quantize the input to int8 and a float scale per

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A short device call after gpu_verify.sh: the kernel test, the GPU tests named in TESTS (or
+# the skill-dynamic and BF16 prompt ones), BF16 pp512/pp4096 with the defaults, where a pp4096
+# prompt's time goes (DORY_CUDA_PROFILE=1, to $OUT/profile_pp4096.txt), and Q4_K_M decode at
+# attention splits 16 (default) and 32, at depth 0 and 4096. Log: $OUT/followup.txt.
+set -uo pipefail
+OUT=${OUT:-/tmp}
+L=$OUT/followup.txt
+nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $L
+python3 scripts/make_checkpoint.py --out /tmp/dory4b --preset 4b --quiet & ck=$!
+timeout 100 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1
+grep -E "FAIL|cuBLAS|case\(s\)" $OUT/kernels.txt | tail -6 | tee -a $L
+TESTS=${TESTS:-"BuiltinModel.test_skill_dynamic_follows_the_text_as_on_the_cpu BuiltinModel.test_bf16_prompt_product_variants BuiltinModel.test_bf16_agreement"}
+# shellcheck disable=SC2086  # a list of test names
+DORY_BIN=build/dory timeout 200 python3 tests/gpu/test_gpu.py -v $TESTS > $OUT/gpu_tests.txt 2>&1
+grep -E "skill dynamic|agreement|^Ran|^OK|FAIL|Error|error" $OUT/gpu_tests.txt | tail -20 | tee -a $L
+wait $ck
+for p in 512 4096; do
+  echo "bf16 defaults $(build/dory bench --device cuda -m /tmp/dory4b -p $p -n 0 -r 1 2>&1 | grep -E '\| pp|rror')" | tee -a $L
+done
+DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m /tmp/dory4b -p 4096 -n 0 -r 1 > $OUT/profile_pp4096.txt 2>&1
+build/dory quantize /tmp/dory4b /tmp/q4.gguf --type q4_k_m -q
+for sp in "" 32; do
+  for d in 0 4096; do
+    echo "q4 splits ${sp:-default} d$d $(DORY_CUDA_ATT_SPLITS=$sp build/dory bench --device cuda -m /tmp/q4.gguf -p 0 -n 64 -r 2 -d $d 2>&1 | grep -E '\| tg|rror')" | tee -a $L
+  done
+done
