@@ -388,6 +388,19 @@ class BuiltinModel(unittest.TestCase):
         print("  greedy 64 tokens, cuda: %r" % outs[0][:80], flush=True)
         self.assertEqual(outs[0], outs[1])
 
+    def test_long_decode(self):
+        """Decode (--chunk 1) past 2,048 keys, where a row's attention takes more splits
+        (attention_splits): 2,600 held-out positions, float inputs, GPU against CPU within TOL
+        on every row (as TinyParity's chunk schedules)."""
+        ids = self.held_out_ids(2600)
+        g = logits(MINI, ids, "cuda", "--chunk", "1")
+        c = logits(MINI, ids, "cpu", "--chunk", "1")
+        d = float(np.abs(g - c).max())
+        tail = float(np.abs(g[2100:] - c[2100:]).max())
+        print("  built-in decode of 2600 positions: gpu-cpu max|d| %.2e, past 2,100 keys %.2e (tol %.1e)"
+              % (d, tail, TOL), flush=True)
+        self.assertLess(d, TOL)
+
     def test_skill_dynamic_follows_the_text_as_on_the_cpu(self):
         """--skill-dynamic on the GPU (the Probe step copies the hidden state on the device):
         the built-in model as CMF with two skills (tests/cmf SkillDynamic's file), thresholds

@@ -497,6 +497,11 @@ int64_t CudaBackend::write_rows(const Layer& L, const Step& st) {
   return off;
 }
 
+int64_t CudaBackend::decode_keys(bool sliding) const {
+  const int64_t n = pos_.empty() ? 0 : pos_[0] + 1;
+  return sliding ? std::min<int64_t>(n, model_->config().swa_window) : n;
+}
+
 void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::DevMat* next) {
   const DoryConfig& c = model_->config();
   const int T = static_cast<int>(T_);
@@ -516,7 +521,7 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
   if (fuse_ && T == 1) {
     cuda::attention_decode(q_.f(), k_.f(), v_.f(), L.q_scale, dr, nh, nk, hd, rd / 2, theta, rd,
                            att_.f(), part_.f(), static_cast<int*>(cnt_.get()), g_.f(),
-                           L.gate_scale, gsum);
+                           L.gate_scale, gsum, decode_keys(L.kind == 'S'));
   } else {
     cuda::qk_prepare(q_.f(), k_.f(), v_.f(), L.q_scale, dr, T, nh, nk, hd, rd / 2, theta, rd);
     if (!one_run_ || !cuda::flash_attention(q_.f(), dr, T, nh, nk, hd, att_.f()))
@@ -621,6 +626,9 @@ void CudaBackend::steps(std::span<const Step> plan) {
   if (T != 1 || !use_graphs_) return launch(plan);
   std::string key(reinterpret_cast<const char*>(plan.data()), plan.size() * sizeof(Step));
   key.append(reinterpret_cast<const char*>(&base), sizeof base);
+  // The attention launches' split counts move with the context (attention_splits).
+  const int nh = static_cast<int>(c.n_head);
+  for (bool sliding : {false, true}) key.push_back(static_cast<char>(cuda::attention_splits(1, nh, decode_keys(sliding))));
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     cudaGraph_t g = nullptr;

@@ -89,6 +89,8 @@ class CudaBackend final : public Backend {
   void logits(std::span<const int64_t> rows, float* out) override;
   void state(std::span<const int64_t> rows, float* out) override;
   void probe(std::span<const int64_t> rows, float* out) override;
+  // The keys a decode row attends in a full (sliding = false) or sliding-window layer.
+  int64_t decode_keys(bool sliding) const;
   void host_parallel(int64_t n, const std::function<void(int64_t)>& fn) override {
     pool_.run(n, fn);
   }

@@ -110,8 +110,8 @@ void loop_end(const float* x, float* state, int T, int64_t n);
 void qk_prepare(float* q, float* k, const float* v, const float* q_scale, const AttnRow* rows,
                 int T, int nh, int nk, int hd, int half, double theta, int rotary_dims);
 // Softmax attention of every (row, query head) over its cache rows [lo, pos]; out [T x nh*hd].
-// A row's positions are split over attention_splits(T, nh) blocks (a fixed number, so a
-// captured graph stays valid as the sequence grows), each a few warps, whose partial softmax
+// A row's positions are split over attention_splits(T, nh) blocks (a fixed number for a pass
+// shape, so a captured graph stays valid as the sequence grows), each a few warps, whose partial softmax
 // sums `part` holds (attention_part_floats(T', nh, hd) floats, enough for every T' <= T) until
 // the last of them joins them, found by `counters` (T x nh ints, zero before, zero after).
 void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out,
@@ -132,8 +132,11 @@ void attention_decode(float* q, const float* k, const float* v, const float* q_s
                       const AttnRow* rows, int nh, int nk, int hd, int half, double theta,
                       int rotary_dims, float* out, float* part, int* counters,
                       const float* g = nullptr, const float* gate_scale = nullptr,
-                      double* sum = nullptr);
-int attention_splits(int T, int nh);
+                      double* sum = nullptr, int64_t keys = 0);
+// Blocks a row's keys are split over: 2 x SMs / (T x nh), and for a decode row (T = 1) with
+// more than 2,048 keys up to one per 128 of them (at most 32). attention_decode's `keys`: the
+// most keys the row attends (0: unknown); a decode graph is captured per split count.
+int attention_splits(int T, int nh, int64_t keys = 0);
 int64_t attention_part_floats(int T, int nh, int hd);
 // y <- n(y * sigmoid(g * gate_scale)) over each row of w floats.
 void gate_norm(float* y, const float* g, const float* gate_scale, int T, int64_t w, QOut qo = {});
