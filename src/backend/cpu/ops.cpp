@@ -91,9 +91,8 @@ LoraRowScales::~LoraRowScales() {
 
 namespace {
 // The adapters' low-rank terms, y += scale * B (A x), of every output of one linear_multi call
-// at once: all the A x dot products (a task per input row and rank) as one pool run, then
-// all of B's rows (a task per output, input row and block of 256 rows, every adapter of the
-// output in it) as another, or both on the calling thread when they are small. (A run each
+// at once: all the A x products as one pool run, then all of B's rows as another, or both on
+// the calling thread when they are small. (A run each
 // per matrix and adapter with the sums in double, as before 2026-12-07: the built-in model
 // with rank 16 on every matrix of the block decoded at 0.42x the plain model's rate.)
 void add_lora_terms(ThreadPool& pool, const float* x, int64_t T, const std::vector<LinearOut>& outs) {
@@ -102,19 +101,22 @@ void add_lora_terms(ThreadPool& pool, const float* x, int64_t T, const std::vect
     const kern::LoraDelta* d;
     int64_t ax0;  // where its T x rank values start in ax
   };
+  constexpr int64_t kRowsA = 16;  // input rows a task of A x takes (through the float GEMM)
   std::vector<Job> jobs;
-  std::vector<int64_t> cut;  // running ends of the jobs' ranges in ax
-  int64_t nax = 0;
+  std::vector<int64_t> cut;  // running ends of the jobs' A x tasks
+  int64_t nax = 0, na = 0;
   std::vector<const LinearOut*> adapted;
   for (const LinearOut& o : outs) {
     if (!o.w->lora) continue;
     adapted.push_back(&o);
     for (const kern::LoraDelta& d : *o.w->lora) {
       jobs.push_back({&o, &d, nax});
-      cut.push_back(nax += T * d.rank);
+      nax += T * d.rank;
+      cut.push_back(na += (T + kRowsA - 1) / kRowsA);
     }
   }
   if (jobs.empty()) return;
+  const kern::KernelSet& ks = kern::kernels();
   std::vector<float> ax(static_cast<size_t>(nax));
   const float* rows_scale = t_lora_rows;
   const int n_ad = t_lora_n;
@@ -130,45 +132,38 @@ void add_lora_terms(ThreadPool& pool, const float* x, int64_t T, const std::vect
       pool.run(n, fn);
     }
   };
-  run(nax, [&](int64_t task) {
+  // A x for up to kRowsA input rows of one adapter a task (A as an F32 matrix through the
+  // set's float GEMM), then each row's scale.
+  run(na, [&](int64_t task) {
     const size_t j = std::upper_bound(cut.begin(), cut.end(), task) - cut.begin();
     const kern::LoraDelta& d = *jobs[j].d;
-    const int64_t local = task - jobs[j].ax0, t = local / d.rank, k = local % d.rank;
     const int64_t n = jobs[j].o->w->cols;
-    const float sc = rows_scale && d.adapter < n_ad ? d.base * rows_scale[t * n_ad + d.adapter] : d.scale;
-    const float* xt = x + t * n;
-    const float* ak = d.a + k * n;
-    // 16 independent float sums (the compiler keeps them in one vector register), then a
-    // tree: the low-rank term is ~1e-2 of y, float's rounding on it is far below the bound.
-    float p[16] = {};
-    if (sc != 0.0f) {
-      int64_t c = 0;
-      for (; c + 16 <= n; c += 16)
-        for (int e = 0; e < 16; ++e) p[e] += ak[c + e] * xt[c + e];
-      for (; c < n; ++c) p[c % 16] += ak[c] * xt[c];
+    const int64_t t0 = (task - (j ? cut[j - 1] : 0)) * kRowsA, t1 = std::min(T, t0 + kRowsA);
+    float* out = ax.data() + jobs[j].ax0 + t0 * d.rank;
+    const kern::Mat a{DType::F32, d.a, d.rank, n};
+    ks.matmat(a, x + t0 * n, t1 - t0, n, out, d.rank, 0, d.rank);
+    for (int64_t t = t0; t < t1; ++t) {
+      const float sc = rows_scale && d.adapter < n_ad ? d.base * rows_scale[t * n_ad + d.adapter] : d.scale;
+      for (int64_t k = 0; k < d.rank; ++k) out[(t - t0) * d.rank + k] *= sc;
     }
-    for (int w = 8; w > 0; w /= 2)
-      for (int e = 0; e < w; ++e) p[e] += p[e + w];
-    ax[task] = p[0] * sc;
   });
-  std::vector<int64_t> bcut;  // running ends of the outputs' (row, block) tasks
+  // y += B (A x): a task per output and block of 256 rows, every input row and adapter of the
+  // output in it (the block of B stays in cache across the rows).
+  std::vector<int64_t> bcut;  // running ends of the outputs' row-block tasks
   int64_t nb = 0;
-  for (const LinearOut* o : adapted) bcut.push_back(nb += T * ((o->w->rows + 255) / 256));
+  for (const LinearOut* o : adapted) bcut.push_back(nb += (o->w->rows + 255) / 256);
   run(nb, [&](int64_t task) {
     const size_t i = std::upper_bound(bcut.begin(), bcut.end(), task) - bcut.begin();
     const LinearOut& o = *adapted[i];
-    const int64_t m = o.w->rows, blocks = (m + 255) / 256, local = task - (i ? bcut[i - 1] : 0);
-    const int64_t t = local / blocks, r0 = (local % blocks) * 256, r1 = std::min(m, r0 + 256);
-    float* yt = o.y + t * m;
-    for (const Job& jb : jobs) {
-      if (jb.o != &o) continue;
-      const kern::LoraDelta& d = *jb.d;
-      const float* at = ax.data() + jb.ax0 + t * d.rank;
-      for (int64_t k = 0; k < d.rank; ++k) {
-        const float ak = at[k];
-        const float* bk = d.bt + k * m;
-        if (ak != 0.0f)
-          for (int64_t r = r0; r < r1; ++r) yt[r] += ak * bk[r];
+    const int64_t m = o.w->rows, r0 = (task - (i ? bcut[i - 1] : 0)) * 256, r1 = std::min(m, r0 + 256);
+    for (int64_t t = 0; t < T; ++t) {
+      float* yt = o.y + t * m;
+      for (const Job& jb : jobs) {
+        if (jb.o != &o) continue;
+        const kern::LoraDelta& d = *jb.d;
+        const float* at = ax.data() + jb.ax0 + t * d.rank;
+        for (int64_t k = 0; k < d.rank; ++k)
+          if (at[k] != 0.0f) ks.axpy(at[k], d.bt + k * m + r0, yt + r0, r1 - r0);
       }
     }
   });
