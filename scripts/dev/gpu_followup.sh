@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A short device call after gpu_verify.sh: the kernel test, the GPU tests named in TESTS (or
-# the skill-dynamic and BF16 prompt ones), BF16 pp512/pp4096 with the defaults, where a pp4096
+# decode past 2,048 keys, greedy text, skill-dynamic, BF16 agreement), BF16 pp512/pp4096, where a pp4096
 # prompt's time goes (DORY_CUDA_PROFILE=1, to $OUT/profile_pp4096.txt), and Q4_K_M decode at
-# attention splits 16 (default) and 32, at depth 0 and 4096. Log: $OUT/followup.txt.
+# attention splits 16 (default) and 32, at depth 0 and 4096; with CMF=1 the CMF dtypes against
+# the ggml types they run as (below). Log: $OUT/followup.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp}
 L=$OUT/followup.txt
@@ -10,7 +11,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $L
 python3 scripts/make_checkpoint.py --out /tmp/dory4b --preset 4b --quiet & ck=$!
 timeout 100 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1
 grep -E "FAIL|cuBLAS|case\(s\)" $OUT/kernels.txt | tail -6 | tee -a $L
-TESTS=${TESTS:-"BuiltinModel.test_skill_dynamic_follows_the_text_as_on_the_cpu BuiltinModel.test_bf16_prompt_product_variants BuiltinModel.test_bf16_agreement"}
+TESTS=${TESTS:-"BuiltinModel.test_long_decode BuiltinModel.test_greedy_run_is_the_same BuiltinModel.test_skill_dynamic_follows_the_text_as_on_the_cpu BuiltinModel.test_bf16_agreement"}
 # shellcheck disable=SC2086  # a list of test names
 DORY_BIN=build/dory timeout 200 python3 tests/gpu/test_gpu.py -v $TESTS > $OUT/gpu_tests.txt 2>&1
 grep -E "skill dynamic|agreement|^Ran|^OK|FAIL|Error|error" $OUT/gpu_tests.txt | tail -20 | tee -a $L
@@ -25,3 +26,16 @@ for sp in "" 32; do
     echo "q4 splits ${sp:-default} d$d $(DORY_CUDA_ATT_SPLITS=$sp build/dory bench --device cuda -m /tmp/q4.gguf -p 0 -n 64 -r 2 -d $d 2>&1 | grep -E '\| tg|rror')" | tee -a $L
   done
 done
+# CMF=1: the CMF dtypes' decode against the ggml types they run as (issue 30 point 2 on the
+# GPU): Q8_0 GGUF against q8_2f CMF of the 4B shape, Q4_0 GGUF against q4tp CMF of the mid-size
+# model of scripts/dev/make_q4tp_pair.py; alternated, three rounds.
+if [ -n "${CMF:-}" ]; then
+  build/dory quantize /tmp/dory4b /tmp/q8.gguf --type q8_0 -q
+  build/dory convert /tmp/dory4b /tmp/q82f.cmf --type q8_2f -q
+  DORY_BIN=build/dory python3 scripts/dev/make_q4tp_pair.py > /dev/null
+  for r in 1 2 3; do
+    for m in /tmp/q8.gguf /tmp/q82f.cmf /tmp/q4b/q4_0.gguf /tmp/q4b/cmf/model.cmf; do
+      echo "cmf round $r $m $(build/dory bench --device cuda -m $m -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg|rror')" | tee -a $L
+    done
+  done
+fi

@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "cmf")); sys.path.insert(0, os.pa
 import cmf_writer as W, st_np as ST
 src = "/tmp/q4b/hf"
 if not os.path.isdir(src):
-    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "scripts", "make_checkpoint.py"), "--out", src, "--quiet",
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_checkpoint.py"), "--out", src, "--quiet",
                     "--set", "hidden_size=2048", "--set", "intermediate_size=5632", "--set", "attention_head_dim=128",
                     "--set", "num_attention_heads=16", "--set", "num_key_value_heads=4", "--set", "vocab_size=32000",
                     "--set", "max_position_embeddings=4096", "--set", "swa_window_size=1024"], check=True)
