@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "format/mapped_file.h"
@@ -292,10 +293,19 @@ std::string write_tokenizer_metadata(gguf::Writer& w, const std::string& dir, in
     // without them tokenizer.json's post-processor (the built-in model's adds BOS that way).
     // Both are written, so the GGUF encodes as the directory does (a reader without the keys
     // falls back to llama.cpp's default for the pre-tokenizer name, which may differ).
-    // (GGUF can only say "the BOS / EOS id": a rule adding other tokens is not carried.)
-    const auto t = Tokenizer::from_path(dir);
-    w.set("tokenizer.ggml.add_bos_token", Value::boolean(t->adds_bos() && bos >= 0));
-    w.set("tokenizer.ggml.add_eos_token", Value::boolean(t->adds_eos() && eos >= 0));
+    // (GGUF can only say "the BOS / EOS id": a rule adding other tokens is not carried.) A
+    // tokenizer this engine cannot load still converts: then only the config's flags, if any.
+    std::optional<bool> add_bos, add_eos;
+    try {
+      const auto t = Tokenizer::from_path(dir);
+      add_bos = t->adds_bos() && bos >= 0;
+      add_eos = t->adds_eos() && eos >= 0;
+    } catch (const Error&) {
+      if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) add_bos = cfg["add_bos_token"].get<bool>();
+      if (cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean()) add_eos = cfg["add_eos_token"].get<bool>();
+    }
+    if (add_bos) w.set("tokenizer.ggml.add_bos_token", Value::boolean(*add_bos));
+    if (add_eos) w.set("tokenizer.ggml.add_eos_token", Value::boolean(*add_eos));
     note = "tokenizer: " + std::to_string(tokens.size()) + " tokens, " +
            std::to_string(merges.size()) + " merges, pre '" + pre + "'";
   }
