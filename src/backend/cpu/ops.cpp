@@ -92,9 +92,9 @@ LoraRowScales::~LoraRowScales() {
 namespace {
 // The adapters' low-rank terms, y += scale * B (A x), of every output of one linear_multi call
 // at once: all the A x products as one pool run, then all of B's rows as another, or both on
-// the calling thread when they are small. (A run each
-// per matrix and adapter with the sums in double, as before 2026-12-07: the built-in model
-// with rank 16 on every matrix of the block decoded at 0.42x the plain model's rate.)
+// the calling thread when they are small. (Two runs per matrix and adapter with the sums in
+// double, as before 2026-12-07: the built-in model with rank 16 on every matrix of the block
+// decoded at 0.42x and read prompts at 0.38x the plain model's rate; docs/performance.md.)
 void add_lora_terms(ThreadPool& pool, const float* x, int64_t T, const std::vector<LinearOut>& outs) {
   struct Job {
     const LinearOut* o;
