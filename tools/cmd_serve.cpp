@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <thread>
 
@@ -42,7 +41,7 @@ std::string model_name(const std::string& path) {
 // as for dory run --skill-dynamic (SkillSwitch), each request with its own switch. The prompt's
 // phi runs on a base-weights engine of its own (one prompt at a time); the jobs' sessions move
 // between engines of the skills (and of the base weights) that only the server's engine thread
-// uses. Errors (not a CMF file with such skills, the gate on, not the CPU) are thrown here, at
+// uses. Errors (not a CMF file with such skills, the gate on) are thrown here, at
 // start-up, with one line.
 server::HttpServer::SkillDynamic dynamic_skills(const RunOpts& run, const Loaded& m) {
   const cmf::File* f = m.model->weights().cmf.get();
@@ -55,15 +54,7 @@ server::HttpServer::SkillDynamic dynamic_skills(const RunOpts& run, const Loaded
         : run(r), model(std::move(mod)), sw(std::move(s)) {}
     std::mutex phi_mu;
     Loaded base;  // phi of the prompts
-    std::mutex engines_mu;
-    std::map<std::string, std::shared_ptr<Backend>> engines;  // the jobs' sessions run here
-    std::shared_ptr<Backend> engine(const std::string& id) {
-      std::lock_guard<std::mutex> lk(engines_mu);
-      auto it = engines.find(id);
-      if (it == engines.end())
-        it = engines.emplace(id, run.open(Model::load(run.model_path(), run.placement(), id, run.lora))).first;
-      return it->second;
-    }
+    SkillEngines engines{run};  // the jobs' sessions run here
   };
   auto d = std::make_shared<Shared>(run, m.model, SkillSwitch(*f, m.model->config(), "\"skill\": \"dynamic\""));
   check_skill_probe(run, m.backend, d->sw);
@@ -73,10 +64,10 @@ server::HttpServer::SkillDynamic dynamic_skills(const RunOpts& run, const Loaded
     Hooks(std::shared_ptr<Shared> shared, SkillSwitch s) : d(std::move(shared)), sw(std::move(s)) {}
     void start(Session& s) override {
       s.set_probe(sw.layer());
-      s.switch_backend(d->engine(sw.active()));
+      s.switch_backend(d->engines.get(sw.active()));
     }
     void after_token(Session& s) override {
-      const std::string line = follow_skill(sw, s, [this](const std::string& id) { return d->engine(id); });
+      const std::string line = follow_skill(sw, s, [this](const std::string& id) { return d->engines.get(id); });
       if (!line.empty()) std::fprintf(stderr, "dory serve: skill dynamic: %s\n", line.c_str());
     }
   };

@@ -106,25 +106,30 @@ void refuse_dynamic_skill(const RunOpts& run, const char* command) {
                 " takes --skill ID, none or auto");
 }
 
+void SkillEngines::put(const std::string& id, std::shared_ptr<Backend> backend) {
+  std::lock_guard<std::mutex> lk(mu_);
+  engines_[id] = std::move(backend);
+}
+
+std::shared_ptr<Backend> SkillEngines::get(const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = engines_.find(id);
+  if (it == engines_.end())
+    it = engines_.emplace(id, run_.open(Model::load(run_.model_path(), run_.placement(), id, run_.lora))).first;
+  return it->second;
+}
+
 DynamicSkills::DynamicSkills(const RunOpts& run, Loaded& l, std::span<const int32_t> prompt)
-    : run_(run) {
+    : engines_(run) {
   if (!run.skill.empty() && run.skill != "auto")
     throw Error("--skill-dynamic picks the skill itself: leave out --skill " + run.skill);
   const cmf::File* f = l.model->weights().cmf.get();
   if (!f) throw Error(l.model->path() + ": --skill-dynamic: skills live in CMF files; this model is not one");
   sw_ = std::make_unique<SkillSwitch>(*f, l.model->config());
-  engines_.emplace_back("", l.backend);
+  engines_.put("", l.backend);
   check_skill_probe(run, l.backend, *sw_);
   std::fprintf(stderr, "skill dynamic: %s\n", sw_->start(prompt_phi(run, l.backend, prompt, sw_->layer())).c_str());
-  l.backend = engine(sw_->active());
-}
-
-std::shared_ptr<Backend> DynamicSkills::engine(const std::string& id) {
-  for (const auto& [k, b] : engines_)
-    if (k == id) return b;
-  auto model = Model::load(run_.model_path(), run_.placement(), id, run_.lora);
-  engines_.emplace_back(id, run_.open(model));
-  return engines_.back().second;
+  l.backend = engines_.get(sw_->active());
 }
 
 void DynamicSkills::attach(Session& s) const {
@@ -132,7 +137,7 @@ void DynamicSkills::attach(Session& s) const {
 }
 
 void DynamicSkills::after_token(Session& s) {
-  const std::string line = follow_skill(*sw_, s, [this](const std::string& id) { return engine(id); });
+  const std::string line = follow_skill(*sw_, s, [this](const std::string& id) { return engines_.get(id); });
   if (!line.empty()) std::fprintf(stderr, "skill dynamic: %s\n", line.c_str());
 }
 

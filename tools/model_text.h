@@ -1,6 +1,8 @@
 #pragma once
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -48,15 +50,29 @@ std::vector<std::pair<std::string, double>> skill_errors(const RunOpts& run, con
 // base weights, then the generated tokens' hidden states, read from the running engine's pass
 // (Session::set_probe). A switch moves the session to that skill's engine
 // (Session::switch_backend; engines made on first use). Each decision that changes the skill
-// is one line on stderr. CPU backend, gate off (the session refuses otherwise).
+// is one line on stderr. Gate off (the session refuses otherwise).
 // The checks --skill-dynamic makes before any output: a session of `run`'s settings on
-// `backend` reads hidden states at sw.layer() (the gate off, the CPU; Error otherwise).
+// `backend` reads hidden states at sw.layer() (the gate off; Error otherwise).
 void check_skill_probe(const RunOpts& run, const std::shared_ptr<Backend>& backend, const SkillSwitch& sw);
 // After a generated token's pass on `s` (probing at sw.layer()): the switch takes the token's
 // hidden row; when the skill changes, the session moves to engine(new skill) and the decision's
 // line comes back (else "").
 std::string follow_skill(SkillSwitch& sw, Session& s,
                          const std::function<std::shared_ptr<Backend>(const std::string&)>& engine);
+
+// Engines of one model with each skill's tensors in place ("" = the base weights), made on
+// first use and kept (mapped views, nothing copied on the CPU); safe from several threads.
+class SkillEngines {
+ public:
+  explicit SkillEngines(RunOpts run) : run_(std::move(run)) {}
+  void put(const std::string& id, std::shared_ptr<Backend> backend);  // one made elsewhere
+  std::shared_ptr<Backend> get(const std::string& id);
+
+ private:
+  RunOpts run_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Backend>> engines_;
+};
 
 class DynamicSkills {
  public:
@@ -68,10 +84,8 @@ class DynamicSkills {
   void after_token(Session& s);
 
  private:
-  std::shared_ptr<Backend> engine(const std::string& id);
-  const RunOpts& run_;
   std::unique_ptr<SkillSwitch> sw_;
-  std::vector<std::pair<std::string, std::shared_ptr<Backend>>> engines_;
+  SkillEngines engines_;
 };
 // Commands that generate no text refuse --skill-dynamic with this one line.
 void refuse_dynamic_skill(const RunOpts& run, const char* command);

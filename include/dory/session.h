@@ -63,7 +63,7 @@ class Session {
   std::vector<float> mean_hidden(std::span<const int32_t> ids, int layer);
   // From the next forward on, every whole-token pass keeps the rows' hidden state after
   // physical layer `layer` (where mean_hidden reads it): probed() gives the last pass's
-  // rows [T x H]. -1: off. CPU backend only, gate off (Error otherwise).
+  // rows [T x H]. -1: off. Gate off (Error otherwise).
   void set_probe(int layer);
   const std::vector<float>& probed() const;
   // Runs the next passes on another engine of the same model shape and backend kind (a CMF

@@ -59,20 +59,20 @@ GateParams parse_gate(const std::string& s) {
     // recon:FILE or recon:FILE:BIAS (a number after the last colon is the bias).
     std::string file = val;
     const size_t c2 = val.rfind(':');
-    if (c2 != std::string::npos && parse_double(val.substr(c2 + 1), &v)) {
-      file = val.substr(0, c2);
-      g.bias = v;
-    }
+    const bool has_bias = c2 != std::string::npos && parse_double(val.substr(c2 + 1), &v);
+    if (has_bias) file = val.substr(0, c2);
     std::error_code ec;
     if (file.empty() || !std::filesystem::is_regular_file(file, ec))
       throw Error("--gate recon:" + val + ": no file '" + file +
                   "' (recon:BIAS takes a number, recon:FILE[:BIAS] a router file)");
-    if (g.bias && std::fabs(*g.bias) > 1e6) throw Error("--gate recon:" + val + ": the bias is out of range");
-    g.kind = GateParams::Kind::Recon;
     g.router_file = file;
-    return g;
+    if (!has_bias) {
+      g.kind = GateParams::Kind::Recon;
+      return g;
+    }
+  } else if (!parse_double(val, &v)) {
+    throw Error(bad);
   }
-  if (!parse_double(val, &v)) throw Error(bad);
   if (kind == "conf") {
     if (!(v > 0 && v <= 1)) throw Error("--gate conf:" + val + ": the threshold must lie in (0, 1]");
     g.kind = GateParams::Kind::Conf;
