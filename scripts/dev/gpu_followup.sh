@@ -19,6 +19,16 @@ wait $ck
 for p in 512 4096; do
   echo "bf16 defaults $(build/dory bench --device cuda -m /tmp/dory4b -p $p -n 0 -r 1 2>&1 | grep -E '\| pp|rror')" | tee -a $L
 done
+# The flash kernel with 8 warps (128 query rows a block) against the default 4, alternated.
+for r in 1 2; do
+  for fw in 4 8; do
+    echo "flash warps $fw round $r $(DORY_CUDA_FLASH_WARPS=$fw build/dory bench --device cuda -m /tmp/dory4b -p 4096 -n 0 -r 1 2>&1 | grep -E '\| pp|rror')" | tee -a $L
+  done
+done
+DORY_CUDA_FLASH_WARPS=8 timeout 100 build/tests/test_cuda_kernels > $OUT/kernels_fw8.txt 2>&1
+echo "flash warps 8 kernel test: $(grep -E 'case\(s\)' $OUT/kernels_fw8.txt)" | tee -a $L
+DORY_CUDA_FLASH_WARPS=8 DORY_BIN=build/dory timeout 100 python3 tests/gpu/test_gpu.py -v BuiltinModel.test_bf16_agreement > $OUT/gpu_fw8.txt 2>&1
+echo "flash warps 8: $(grep -E 'agreement|^OK|FAIL' $OUT/gpu_fw8.txt | tr '\n' ' ')" | tee -a $L
 DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m /tmp/dory4b -p 4096 -n 0 -r 1 > $OUT/profile_pp4096.txt 2>&1
 build/dory quantize /tmp/dory4b /tmp/q4.gguf --type q4_k_m -q
 for sp in "" 32; do

@@ -538,12 +538,22 @@ def main():
     ap.add_argument("--aux1-from", type=float, default=0.0,
                     help="share of training done (0-1) from which --aux1 applies (0: from the "
                     "start; the one-pass loss from the start takes the second pass's gain away)")
+    ap.add_argument("--aux-at", default="",
+                    help="deep supervision: PASS:WEIGHT,... read-outs after these pass counts, "
+                    "each trained with the step's loss at WEIGHT on steps of more passes "
+                    "(e.g. 2:0.3,4:0.3: what four passes say stays as good as two)")
+    ap.add_argument("--exit-distill", type=float, default=0.0,
+                    help="weight of a loss pulling the one-pass read-out toward the two-pass "
+                    "one (KL, the two-pass side fixed) on each token in proportion to the one-pass "
+                    "top probability: a confident first pass must be the second's answer, which "
+                    "is what the conf gate lets out on (0: off)")
     ap.add_argument("--bptt", type=int, default=0,
                     help="backpropagate through the last N loop passes only (0: all)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--vocab", type=int, default=4096)
     args = ap.parse_args()
     t_start = time.time()
+    aux_at = {int(k): float(w) for k, w in (x.split(":") for x in args.aux_at.split(",") if x)}
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -654,20 +664,42 @@ def main():
                 model.eval()
                 model(rows[:1, :-1], 1)  # fills the sliding-window mask cache eagerly
                 model.train()
+        # Read-outs before the last pass, each with its loss weight (None: used by
+        # --exit-distill only).
+        aux_w = {}
+        if args.aux1 > 0 and progress(step) >= args.aux1_from:
+            aux_w[1] = args.aux1
+        for k, w in aux_at.items():
+            aux_w[k] = w
+        if args.exit_distill > 0:
+            aux_w.setdefault(1, None)
+            aux_w.setdefault(2, None)
+        aux = tuple(k for k in sorted(aux_w) if k < loops)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            if args.aux1 > 0 and loops > 1 and progress(step) >= args.aux1_from:
-                logits, early = model(rows[:, :-1], loops, bptt=args.bptt, aux=(1,))
+            if aux:
+                logits, early = model(rows[:, :-1], loops, bptt=args.bptt, aux=aux)
             else:
                 logits, early = model(rows[:, :-1], loops, bptt=args.bptt), []
-        loss_tok = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
-                                   rows[:, 1:].reshape(-1), reduction="none")
-        loss = (loss_tok * weights.view(-1)).sum() / weights.sum()
-        for lg1 in early:
-            # The read-out after one pass, trained beside the last (--aux1): the exit gates
-            # let a token out on it, so it should be right where one pass is enough.
-            l1 = F.cross_entropy(lg1.float().view(-1, lg1.shape[-1]), rows[:, 1:].reshape(-1),
-                                 reduction="none")
-            loss = loss + args.aux1 * (l1 * weights.view(-1)).sum() / weights.sum()
+        by_pass = dict(zip(aux, early))
+        by_pass[loops] = logits
+        tgt = rows[:, 1:].reshape(-1)
+
+        def ce(lg):
+            lt = F.cross_entropy(lg.float().view(-1, lg.shape[-1]), tgt, reduction="none")
+            return (lt * weights.view(-1)).sum() / weights.sum()
+        loss = ce(logits)
+        for k in aux:
+            # Earlier read-outs trained beside the last (--aux1: the exit gates let a token
+            # out on the first; --aux-at: deep supervision, so more passes stay as good).
+            if aux_w[k]:
+                loss = loss + aux_w[k] * ce(by_pass[k])
+        if args.exit_distill > 0 and loops >= 2:
+            lp1 = F.log_softmax(by_pass[1].float().view(-1, logits.shape[-1]), -1)
+            with torch.no_grad():
+                lp2 = F.log_softmax(by_pass[2].float().view(-1, logits.shape[-1]), -1)
+                conf1 = lp1.detach().max(-1).values.exp()
+            kl = (lp2.exp() * (lp2 - lp1)).sum(-1)
+            loss = loss + args.exit_distill * (conf1 * kl).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

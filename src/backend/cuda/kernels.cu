@@ -823,12 +823,13 @@ __global__ void __launch_bounds__(256)
 // ---- prompt attention on tensor cores (flash attention) ----
 //
 // For a pass whose rows are one sequence's consecutive positions (a prompt chunk): a block
-// takes 64 query rows of one head, 4 warps of 16 rows; key tiles of 64 positions go through
+// takes 16 x WN query rows of one head, WN warps of 16 rows (WN = 4 or 8: the key tiles'
+// loads and bf16 conversion shared by 64 or 128 rows; DORY_CUDA_FLASH_WARPS); key tiles of 64 positions go through
 // shared memory as bf16 (keys row-major, values transposed), S = Q K^T and O += P V are
 // mma.sync m16n8k16 (bf16 in, float accumulation), the softmax online in registers (the
 // accumulator layout of S is the A-operand layout of P, so P never leaves registers). Inputs
 // rounded to bf16: used where the products take bf16 inputs too (Act::Bf16's function).
-constexpr int kFaM = 64, kFaN = 64;
+constexpr int kFaN = 64;
 
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);  // a in the low half
@@ -844,10 +845,11 @@ __device__ __forceinline__ uint32_t pack_f16(float a, float b) {
 // query's range is the model's). The default since it ran on an H100 (built-in model, default
 // inputs: top-1 0.9956 / KL 3.3e-5 against the CPU, bf16 P: 0.9946 / 3.5e-5);
 // DORY_CUDA_FLASH_F16=0: bf16.
-template <int HD, bool F16>
-__global__ void __launch_bounds__(128)
+template <int HD, bool F16, int WN>
+__global__ void __launch_bounds__(32 * WN)
     k_flash_attn(const float* __restrict__ q, const AttnRow* __restrict__ rows, int T, int nh,
                  int nk, float* __restrict__ out) {
+  constexpr int kFaM = 16 * WN, NT = 32 * WN;
   constexpr int QS = HD + 8, VS = kFaN + 8;  // row strides in bf16 (conflict-free fragments)
   extern __shared__ __align__(16) unsigned char fa_smem[];
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(fa_smem);  // [kFaM][QS]
@@ -863,7 +865,7 @@ __global__ void __launch_bounds__(128)
   const int tl = min(T, t0 + kFaM) - 1;  // the tile's last row
   const int64_t kstart = r0.lo, kend = rows[tl].pos;
   // Q tile, rounded to bf16.
-  for (int i = tid; i < kFaM * HD / 4; i += 128) {
+  for (int i = tid; i < kFaM * HD / 4; i += NT) {
     const int rr = i / (HD / 4), c4 = i % (HD / 4);
     float4 v = make_float4(0, 0, 0, 0);
     if (t0 + rr < T)
@@ -889,7 +891,7 @@ __global__ void __launch_bounds__(128)
   const float sl2 = 1.4426950408889634f / sqrtf(static_cast<float>(HD));  // 1/sqrt(hd), log2
   for (int64_t kb = kstart; kb <= kend; kb += kFaN) {
     __syncthreads();  // the previous tile is used up (and Q is in place, the first time)
-    for (int i = tid; i < kFaN * HD / 4; i += 128) {
+    for (int i = tid; i < kFaN * HD / 4; i += NT) {
       const int key = i % kFaN, c4 = i / kFaN;
       const int64_t p = kb + key;
       float4 kv = make_float4(0, 0, 0, 0), vv = kv;
@@ -1456,6 +1458,7 @@ bool g_tc2 = true;
 bool g_cublas = false;
 bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: off)
 bool g_flash_f16 = true;  // its P V in fp16 (DORY_CUDA_FLASH_F16=0: bf16)
+int g_flash_warps = 4;    // query rows a block: 16 x this (DORY_CUDA_FLASH_WARPS=8: 128)
 constexpr int kTcMinT = 16;
 
 // Every kernel goes through here: on the backend's stream, with programmatic dependent launch
@@ -1606,6 +1609,8 @@ void set_stream(void* s) {
   g_flash = !(fl && std::string(fl) == "0");
   const char* f16 = std::getenv("DORY_CUDA_FLASH_F16");
   g_flash_f16 = !(f16 && std::string(f16) == "0");
+  const char* fw = std::getenv("DORY_CUDA_FLASH_WARPS");
+  g_flash_warps = fw && std::string(fw) == "8" ? 8 : 4;
 }
 
 void set_flash_f16(bool on) {
@@ -2247,18 +2252,20 @@ void attention_decode(float* q, const float* k, const float* v, const float* q_s
          nk, hd, S, out, part, counters, fa);
 }
 
-template <int HD, bool F16>
+template <int HD, bool F16, int WN>
 void flash_launch(const float* q, const AttnRow* rows, int T, int nh, int nk, float* out) {
+  constexpr int kFaM = 16 * WN;
   constexpr size_t smem = ((kFaM + kFaN) * (HD + 8) + HD * (kFaN + 8)) * 2;
   static bool raised = false;  // the block's shared memory over 48 KB needs an opt-in
   if (!raised) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        k_flash_attn<HD, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    const cudaError_t e = cudaFuncSetAttribute(k_flash_attn<HD, F16, WN>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
     if (e != cudaSuccess) throw Error(std::string("CUDA: flash attention: ") + cudaGetErrorString(e));
     raised = true;
   }
-  launch("flash attention", k_flash_attn<HD, F16>, dim3((T + kFaM - 1) / kFaM, nh), dim3(128), smem, q,
-         rows, T, nh, nk, out);
+  launch("flash attention", k_flash_attn<HD, F16, WN>, dim3((T + kFaM - 1) / kFaM, nh),
+         dim3(32 * WN), smem, q, rows, T, nh, nk, out);
 }
 
 bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd,
@@ -2267,8 +2274,13 @@ bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk,
   prof_mark("attention (tensor cores)");
   auto go = [&](auto hdc) {
     constexpr int H = decltype(hdc)::value;
-    if (g_flash_f16) flash_launch<H, true>(q, rows, T, nh, nk, out);
-    else flash_launch<H, false>(q, rows, T, nh, nk, out);
+    if (g_flash_warps == 8) {
+      if (g_flash_f16) flash_launch<H, true, 8>(q, rows, T, nh, nk, out);
+      else flash_launch<H, false, 8>(q, rows, T, nh, nk, out);
+    } else {
+      if (g_flash_f16) flash_launch<H, true, 4>(q, rows, T, nh, nk, out);
+      else flash_launch<H, false, 4>(q, rows, T, nh, nk, out);
+    }
   };
   switch (hd) {
     case 16: go(std::integral_constant<int, 16>{}); break;
