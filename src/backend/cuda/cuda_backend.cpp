@@ -524,7 +524,7 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
                            L.gate_scale, gsum, decode_keys(L.kind == 'S'));
   } else {
     cuda::qk_prepare(q_.f(), k_.f(), v_.f(), L.q_scale, dr, T, nh, nk, hd, rd / 2, theta, rd);
-    if (!one_run_ || !cuda::flash_attention(q_.f(), dr, T, nh, nk, hd, att_.f()))
+    if (!one_run_ || !cuda::flash_attention(q_.f(), dr, T, nh, nk, hd, att_.f(), pos_[T - 1] + 1))
       cuda::attention(q_.f(), dr, T, nh, nk, hd, att_.f(), part_.f(), static_cast<int*>(cnt_.get()));
   }
   if (gsum) {

@@ -1458,7 +1458,7 @@ bool g_tc2 = true;
 bool g_cublas = false;
 bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: off)
 bool g_flash_f16 = true;  // its P V in fp16 (DORY_CUDA_FLASH_F16=0: bf16)
-int g_flash_warps = 4;    // query rows a block: 16 x this (DORY_CUDA_FLASH_WARPS=8: 128)
+int g_flash_warps = 0;    // query rows a block: 16 x this (DORY_CUDA_FLASH_WARPS=4|8; 0: by keys)
 constexpr int kTcMinT = 16;
 
 // Every kernel goes through here: on the backend's stream, with programmatic dependent launch
@@ -1610,7 +1610,7 @@ void set_stream(void* s) {
   const char* f16 = std::getenv("DORY_CUDA_FLASH_F16");
   g_flash_f16 = !(f16 && std::string(f16) == "0");
   const char* fw = std::getenv("DORY_CUDA_FLASH_WARPS");
-  g_flash_warps = fw && std::string(fw) == "8" ? 8 : 4;
+  g_flash_warps = fw && std::string(fw) == "8" ? 8 : fw && std::string(fw) == "4" ? 4 : 0;
 }
 
 void set_flash_f16(bool on) {
@@ -2207,11 +2207,12 @@ int attention_splits(int T, int nh, int64_t keys) {
     return e && *e ? std::max(1, std::min(32, std::atoi(e))) : 0;
   }();
   if (fixed) return fixed;
-  // Two blocks an SM over the (row, head) pairs; a decode row with many keys takes up to one
-  // split per 128 of them. H100, 4B shape, Q4_K_M decode (2026-12-07): 16 splits (the first
-  // term) against 32 at 4,096 keys 157.8 -> 184.0 t/s, at 64 keys 228.0 -> 222.9.
+  // Two blocks an SM over the (row, head) pairs; a decode row of 1,024 keys or more takes 32.
+  // H100, 4B shape (sliding window 1,024), Q4_K_M tg64 (2026-12-07): at 64 keys 16 splits (the
+  // first term) 226.5 / 225.0 t/s, 32 222.9 / 222.4; 4,096 keys deep, 16 156.7 / 157.8, 32 on
+  // the full-attention layers only (over 2,048 keys) 169.8, 32 on every layer 184.0 / 183.3.
   int s = 2 * sms() / std::max(1, T * nh);
-  if (T == 1 && keys > 2048) s = std::max<int64_t>(s, std::min<int64_t>(32, keys / 128));
+  if (T == 1 && keys >= 1024) s = std::max<int64_t>(s, std::min<int64_t>(32, keys / 32));
   return std::max(1, std::min(32, s));
 }
 
@@ -2269,12 +2270,17 @@ void flash_launch(const float* q, const AttnRow* rows, int T, int nh, int nk, fl
 }
 
 bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd,
-                     float* out) {
+                     float* out, int64_t keys) {
   if (!g_tc || !g_flash || !g_tc_float || T < kTcMinT) return false;
   prof_mark("attention (tensor cores)");
   auto go = [&](auto hdc) {
     constexpr int H = decltype(hdc)::value;
-    if (g_flash_warps == 8) {
+    // 8 warps (128 query rows a block, the key tiles' loads and conversion shared by twice
+    // the rows) where a chunk sees many keys: H100, 4B shape, pp4096 in chunks of 512, all
+    // chunks on 8 warps against 4, alternated: 12023 / 12180 against 10989 / 10745 t/s
+    // (+9% / +13%). Chunks over fewer keys keep 4 (twice the blocks, and little attention).
+    const int wn = g_flash_warps ? g_flash_warps : keys >= 1024 ? 8 : 4;
+    if (wn == 8) {
       if (g_flash_f16) flash_launch<H, true, 8>(q, rows, T, nh, nk, out);
       else flash_launch<H, false, 8>(q, rows, T, nh, nk, out);
     } else {

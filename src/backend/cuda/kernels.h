@@ -120,7 +120,8 @@ void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int h
 // sequence's consecutive positions (same cache slot, rows[t].pos = rows[0].pos + t): false,
 // nothing launched, where it does not apply (tensor cores off, float inputs asked for, fewer
 // than 16 rows, a head dimension other than 16, 32, 64, 128 or 256).
-bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out);
+bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out,
+                     int64_t keys = 0);
 // Flash attention's P and V in fp16 (the default) or bf16 (DORY_CUDA_FLASH_F16=0 at
 // set_stream); test_cuda_kernels checks both.
 void set_flash_f16(bool on);
