@@ -47,5 +47,20 @@ if [ -n "${CMF:-}" ]; then
     for m in /tmp/q8.gguf /tmp/q82f.cmf /tmp/q4b/q4_0.gguf /tmp/q4b/cmf/model.cmf; do
       echo "cmf round $r $m $(build/dory bench --device cuda -m $m -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg|rror')" | tee -a $L
     done
+    # q8_2f quantizing x * col inside its products (DORY_CUDA_Q8_COL=1, not yet the default)
+    echo "cmf round $r q8_2f in-kernel $(DORY_CUDA_Q8_COL=1 build/dory bench --device cuda -m /tmp/q82f.cmf -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg|rror')" | tee -a $L
+  done
+  grep -E "q8_2f|case\(s\)" $OUT/kernels.txt | tail -10 | tee -a $L
+  # Decode-sized passes (chunks of 8 rows) of the built-in model as q8_2f, with and without
+  # the in-kernel quantizing: the same quants and the same integer sums, so the same logits.
+  build/dory convert models/dory-mini /tmp/mini-q82f.cmf --type q8_2f -q
+  ids=$(python3 -c "print(','.join(str((i * 37) % 4000 + 5) for i in range(300)))")
+  for q in 0 1; do
+    DORY_CUDA_Q8_COL=$q build/dory logits -m /tmp/mini-q82f.cmf --ids $ids --chunk 8 --device cuda -o /tmp/lq$q.npy 2>&1 | tail -1
+  done
+  echo "q8_2f chunk 8, in-kernel against scale + quantize: $(python3 -c "import numpy as np; a = np.load('/tmp/lq0.npy'); b = np.load('/tmp/lq1.npy'); print('max |diff|', float(abs(a - b).max()), 'top-1 same', float((a.argmax(1) == b.argmax(1)).mean()))")" | tee -a $L
+  for q in 0 1; do
+    DORY_CUDA_Q8_COL=$q DORY_BIN=build/dory timeout 100 python3 tests/gpu/test_gpu.py -v BuiltinModel.test_q8_2f_cmf_agreement > $OUT/gpu_q8col$q.txt 2>&1
+    echo "q8_2f agreement, DORY_CUDA_Q8_COL=$q: $(grep -E 'agreement|^OK|FAIL|rror' $OUT/gpu_q8col$q.txt | tr '\n' ' ')" | tee -a $L
   done
 fi

@@ -160,6 +160,63 @@ void product_case(DType t, int64_t rows, int64_t cols, int T, std::mt19937& rng)
   cudaFree(dx), cudaFree(dy), cudaFree(scratch), cudaFree(const_cast<void*>(m.data));
 }
 
+// CMF q8_2f (Q8_0 rows with column scales), its input quantized inside the product
+// (cuda::q8_col_in_kernel): two matrices of one width in one launch, each with its own column
+// scales; reference: x * col in float, quantized per block of 32 (the CPU's order), times the
+// dequantized rows. The same integer sums as a plain Q8_0 product, so the same bound.
+void col_scaled_case(int64_t rows, int64_t cols, int T, std::mt19937& rng) {
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  std::uniform_real_distribution<float> U(0.25f, 4.0f);
+  std::vector<float> x(T * cols);
+  for (float& v : x) v = N(rng);
+  const int64_t rb = row_bytes(DType::Q8_0, cols);
+  std::vector<uint8_t> blocks[2];
+  std::vector<float> wd[2], col[2];
+  cuda::DevMat m[2];
+  float* dy[2];
+  std::vector<float> zeros(T * rows, 0.0f);
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> w(rows * cols);
+    for (float& v : w) v = N(rng) * 0.05f;
+    blocks[i].resize(rb * rows);
+    wd[i].resize(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      quantize_row(DType::Q8_0, w.data() + r * cols, blocks[i].data() + r * rb, cols);
+      dequantize_row(DType::Q8_0, blocks[i].data() + r * rb, wd[i].data() + r * cols, cols);
+    }
+    col[i].resize(cols);
+    for (float& v : col[i]) v = U(rng);
+    m[i] = upload_mat(DType::Q8_0, blocks[i], rows, cols);
+    m[i].col_scale = up(col[i]);
+    dy[i] = up(zeros);
+  }
+  float* dx = up(x);
+  cuda::linear_multi(m, dy, 2, dx, T, cuda::Act::Block32, nullptr, false);
+  double worst = 0;
+  std::vector<float> xs(cols), xq;
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<float> y = down(dy[i], T * rows);
+    for (int t0 = 0; t0 < T; ++t0) {
+      for (int64_t c = 0; c < cols; ++c) xs[c] = x[t0 * cols + c] * col[i][c];
+      quant_blocks(xs.data(), cols, 32, xq);
+      for (int64_t r = 0; r < rows; ++r) {
+        double sum = 0, a = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          sum += static_cast<double>(wd[i][r * cols + c]) * xq[c];
+          a += std::fabs(static_cast<double>(wd[i][r * cols + c]) * xq[c]);
+        }
+        worst = std::max(worst, std::fabs(y[t0 * rows + r] - sum) / std::max(a, 1e-30));
+      }
+    }
+    cudaFree(dy[i]), cudaFree(const_cast<void*>(m[i].data)), cudaFree(const_cast<float*>(m[i].col_scale));
+  }
+  char what[128];
+  std::snprintf(what, sizeof what, "linear q8_2f (Q8_0 + column scales) 2 x %lldx%lld, %d input rows",
+                (long long)rows, (long long)cols, T);
+  report(what, worst, 1e-4);
+  cudaFree(dx);
+}
+
 // Decode into an int8 product with the input's norm still to be taken (LinJob::in_sum): the
 // product quantizes the un-normalised row and scales its sums by 1 / sqrt(sum x^2 + 1e-6).
 // Reference: the row normalised first, then quantized (the CPU's order). The quants are the
@@ -400,6 +457,10 @@ int main() {
       }
     for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
       for (int64_t cols : {256, 1024}) decode_norm_case(t, 300, cols, rng);
+    cuda::set_q8_col(true);
+    for (int T : {1, 3, 9})
+      for (int64_t cols : {256, 1024, 2560}) col_scaled_case(300, cols, T, rng);
+    cuda::set_q8_col(false);
     for (int B : {32, 256}) swiglu_quant_case(9728, B, rng);
     swiglu_quant_case(768, 256, rng);
     for (int T : {1, 5, 16, 40, 130}) product_case(DType::BF16, 300, 512, T, rng);

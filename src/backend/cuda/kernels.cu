@@ -143,6 +143,10 @@ struct LinJob {
   const float* sg = nullptr;
   const float* su = nullptr;
   double* out_sum = nullptr;
+  // CMF q8_2f rows (Q8_0 blocks) with their input quantized in the product (k_lin_q8_0's
+  // ColQ): the float input and each matrix's column scales.
+  const float* xf = nullptr;
+  const float* col[4] = {};
 };
 
 // Which matrix, first row and row count the warp gw takes; false past the last.
@@ -334,9 +338,47 @@ __device__ __forceinline__ int dot4(int a, int b, int c) {
   return __dp4a(a, b, c);
 }
 
+// A lane's 16 inputs x[0..15] times their column scales c[0..15], quantized as
+// warp_quant_block quantizes (d = max|x c| / 127 over the block of 32, which this lane shares
+// with its neighbour lane ^ 1; q = round to nearest even of x c / d, clamped to +-127): the
+// 16 quants packed as an int4 of bytes (the scratch's layout) and the block's d.
+__device__ __forceinline__ void col_quant16(const float* __restrict__ x, const float* __restrict__ c,
+                                            int lane, int4* a, float* d) {
+  float v[16];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 xv = reinterpret_cast<const float4*>(x)[i];
+    const float4 cv = reinterpret_cast<const float4*>(c)[i];
+    v[4 * i] = xv.x * cv.x, v[4 * i + 1] = xv.y * cv.y;
+    v[4 * i + 2] = xv.z * cv.z, v[4 * i + 3] = xv.w * cv.w;
+  }
+#pragma unroll
+  for (int e = 0; e < 16; ++e) amax = fmaxf(amax, fabsf(v[e]));
+  amax = fmaxf(amax, __shfl_xor_sync(3u << (lane & 30), amax, 1));
+  const float dd = amax / 127.0f;
+  const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+  int w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      int q = __float2int_rn(v[4 * i + b] * id);
+      q = q > 127 ? 127 : q < -127 ? -127 : q;
+      w[i] |= (q & 0xff) << (8 * b);
+    }
+  }
+  *a = make_int4(w[0], w[1], w[2], w[3]);
+  *d = dd;
+}
+
 // Repacked Q8_0 (DevMat): a lane takes 16 quants (half a block) of each of R rows and the
-// input's 16 int8 values, four dp4a each; the block's two halves are scaled apart.
-template <int R, int NT>
+// input's 16 int8 values, four dp4a each; the block's two halves are scaled apart. ColQ (CMF
+// q8_2f): the input is job.xf, multiplied by the warp's matrix's column scales and quantized
+// here (col_quant16) rather than read from xq / xd: q/k/v/g in one launch though each has its
+// own scales, and no launch to scale and quantize the input.
+template <int R, int NT, bool ColQ = false>
 __global__ void __launch_bounds__(32 * kWarps)
     k_lin_q8_0(LinJob job, const int8_t* __restrict__ xq, const float* __restrict__ xd, int T) {
   const int lane = threadIdx.x % 32;
@@ -377,8 +419,14 @@ __global__ void __launch_bounds__(32 * kWarps)
       for (int j = 0; j < NT; ++j) {
         if (j >= nt) break;
         const int64_t t = t0 + j;
-        const int4 a = *reinterpret_cast<const int4*>(xq + t * cols + k);
-        const float d = xd[t * nb + k / 32];
+        int4 a;
+        float d;
+        if constexpr (ColQ) {
+          col_quant16(job.xf + t * cols + k, job.col[m] + k, lane, &a, &d);
+        } else {
+          a = *reinterpret_cast<const int4*>(xq + t * cols + k);
+          d = xd[t * nb + k / 32];
+        }
 #pragma unroll
         for (int rr = 0; rr < R; ++rr) {
           const int4 w = raw[u][rr];
@@ -1458,6 +1506,7 @@ bool g_tc2 = true;
 bool g_cublas = false;
 bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: off)
 bool g_flash_f16 = true;  // its P V in fp16 (DORY_CUDA_FLASH_F16=0: bf16)
+bool g_q8_col = false;    // q8_2f's input quantized in its product (DORY_CUDA_Q8_COL=1)
 int g_flash_warps = 0;    // query rows a block: 16 x this (DORY_CUDA_FLASH_WARPS=4|8; 0: by keys)
 constexpr int kTcMinT = 16;
 
@@ -1562,6 +1611,12 @@ struct RunQ8 {
     launch("linear", k_lin_q8_0<R, NT>, g, b, 0, job, q, d, T);
   }
 };
+struct RunQ8Col {
+  template <int R, int NT>
+  static void run(dim3 g, dim3 b, LinJob job, int T) {
+    launch("linear", k_lin_q8_0<R, NT, true>, g, b, 0, job, nullptr, nullptr, T);
+  }
+};
 struct RunQ4 {
   template <int R, int NT>
   static void run(dim3 g, dim3 b, LinJob job, const int8_t* q, const float* d, int T) {
@@ -1609,6 +1664,8 @@ void set_stream(void* s) {
   g_flash = !(fl && std::string(fl) == "0");
   const char* f16 = std::getenv("DORY_CUDA_FLASH_F16");
   g_flash_f16 = !(f16 && std::string(f16) == "0");
+  const char* qc = std::getenv("DORY_CUDA_Q8_COL");
+  g_q8_col = qc && std::string(qc) == "1";
   const char* fw = std::getenv("DORY_CUDA_FLASH_WARPS");
   g_flash_warps = fw && std::string(fw) == "8" ? 8 : fw && std::string(fw) == "4" ? 4 : 0;
 }
@@ -2082,6 +2139,21 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
     return;
   }
   const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps), (T + NT - 1) / NT);
+  if (ws[0].col_scale) {
+    if (!q8_col_in_kernel(ws[0], T))
+      throw Error("linear: column-scaled (q8_2f) rows quantize their input in the product only "
+                  "for Q8_0 blocks and fewer than 16 input rows");
+    for (int i = 0; i < n; ++i) {
+      if (!ws[i].col_scale) throw Error("linear_multi: column-scaled and plain matrices in one launch");
+      job.col[i] = ws[i].col_scale;
+    }
+    job.xf = x;
+    prof_mark(g_label ? g_label : "linear", bytes);
+    dispatch<RunQ8Col>(R, NT, grid, job, T);
+    g_label = nullptr;
+    check_last("linear");
+    return;
+  }
   if (quant) {
     if (act != Act::Block32 && act != Act::Block256)
       throw Error("linear: quantized weights take int8 inputs");
@@ -2322,6 +2394,14 @@ void swiglu_quant(float* g, const float* u, const float* sg, const float* su, in
   launch("swiglu_quant", k_swiglu_quant, dim3(static_cast<unsigned>((blocks + 7) / 8)), dim3(256), 0,
          g, u, sg, su, f, qo, sum);
   check_last("swiglu_quant");
+}
+
+bool q8_col_in_kernel(const DevMat& w, int T) {
+  return w.col_scale && w.dtype == kQ8_0 && w.cols % 32 == 0 && T < kTcMinT && g_q8_col;
+}
+
+void set_q8_col(bool on) {
+  g_q8_col = on;
 }
 
 bool int8_decode(const DevMat& w) {

@@ -152,6 +152,12 @@ void swiglu_quant(float* g, const float* u, const float* sg, const float* su, in
 // Whether w is an int8 product's type (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K): decode rows of these
 // take in_sum too.
 bool int8_decode(const DevMat& w);
+// Whether a product of T input rows of w (CMF q8_2f: Q8_0 rows with column scales) takes the
+// float input and quantizes x * col inside the product (one launch for several such matrices,
+// each with its own scales) rather than after scale_input: Q8_0 with fewer than 16 rows, and
+// switched on (DORY_CUDA_Q8_COL=1, or set_q8_col; off by default until it has run on a GPU).
+bool q8_col_in_kernel(const DevMat& w, int T);
+void set_q8_col(bool on);
 // out[t*cols + c] = x[t*cols + c] * col[c] (a q8_2f matrix's input).
 void scale_input(const float* x, const float* col, int T, int64_t cols, float* out);
 // logits[t*V + i] *= scale[i].
