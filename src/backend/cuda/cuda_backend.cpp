@@ -566,10 +566,11 @@ void CudaBackend::mlp_layer(const Layer& L, const cuda::DevMat* next) {
     written(ffg_.f());
     cuda::prof_label("mlp down");
     lin(L.w_down, ffg_.f(), T, out_.f(), sum);
-  } else if (fuse_int8_ && T == 1 && cuda::int8_decode(L.w_down) && !L.w_down.col_scale) {
+  } else if (fuse_int8_ && T == 1 && cuda::int8_decode(L.w_down) &&
+             (!L.w_down.col_scale || cuda::q8_col_in_kernel(L.w_down, T))) {
     // Int8 decode: swiglu and the down product's quantizing in one many-block launch, the
     // norm in down's epilogue (quantization is scale-invariant): swiglu_norm's one-block pass
-    // goes.
+    // goes. (A q8_2f down that quantizes x * col itself uses swiglu's output and sum only.)
     lin_multi({L.w_gate, L.w_up}, {ffg_.f(), ffu_.f()}, x_.f(), T);
     double* sum = next_sum();
     cuda::swiglu_quant(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, c.ffn,
