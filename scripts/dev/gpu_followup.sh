@@ -59,6 +59,13 @@ if [ -n "${CMF:-}" ]; then
     DORY_CUDA_Q8_COL=$q build/dory logits -m /tmp/mini-q82f.cmf --ids $ids --chunk 8 --device cuda -o /tmp/lq$q.npy 2>&1 | tail -1
   done
   echo "q8_2f chunk 8, in-kernel against scale + quantize: $(python3 -c "import numpy as np; a = np.load('/tmp/lq0.npy'); b = np.load('/tmp/lq1.npy'); print('max |diff|', float(abs(a - b).max()), 'top-1 same', float((a.argmax(1) == b.argmax(1)).mean()))")" | tee -a $L
+  # Decode (one row a pass: the swiglu fusion too): greedy text, GPU with and without, and the CPU.
+  for dev in "cuda 0" "cuda 1" "cpu 0"; do
+    set -- $dev
+    DORY_CUDA_Q8_COL=$2 DORY_BF16_INPUT=float build/dory run -m /tmp/mini-q82f.cmf -p "The king said" -n 64 --temp 0 \
+      --ignore-eos --device $1 > /tmp/greedy_$1$2.txt 2>/dev/null
+  done
+  echo "q8_2f greedy 64: cuda in-kernel = cuda scale+quantize: $(cmp -s /tmp/greedy_cuda0.txt /tmp/greedy_cuda1.txt && echo yes || echo no); = cpu: $(cmp -s /tmp/greedy_cuda1.txt /tmp/greedy_cpu0.txt && echo yes || echo no)" | tee -a $L
   for q in 0 1; do
     DORY_CUDA_Q8_COL=$q DORY_BIN=build/dory timeout 100 python3 tests/gpu/test_gpu.py -v BuiltinModel.test_q8_2f_cmf_agreement > $OUT/gpu_q8col$q.txt 2>&1
     echo "q8_2f agreement, DORY_CUDA_Q8_COL=$q: $(grep -E 'agreement|^OK|FAIL|rror' $OUT/gpu_q8col$q.txt | tr '\n' ' ')" | tee -a $L
