@@ -547,6 +547,11 @@ def main():
                     "one (KL, the two-pass side fixed) on each token in proportion to the one-pass "
                     "top probability: a confident first pass must be the second's answer, which "
                     "is what the conf gate lets out on (0: off)")
+    ap.add_argument("--exit-calibrate", type=float, default=0.0,
+                    help="weight of a loss on the one-pass read-out's top probability where its "
+                    "choice differs from the two-pass one's: the first pass learns to be unsure "
+                    "where the second would change its answer, not the second's answer (which "
+                    "--exit-distill teaches, taking the loop gain with it) (0: off)")
     ap.add_argument("--bptt", type=int, default=0,
                     help="backpropagate through the last N loop passes only (0: all)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -671,7 +676,7 @@ def main():
             aux_w[1] = args.aux1
         for k, w in aux_at.items():
             aux_w[k] = w
-        if args.exit_distill > 0:
+        if args.exit_distill > 0 or args.exit_calibrate > 0:
             aux_w.setdefault(1, None)
             aux_w.setdefault(2, None)
         aux = tuple(k for k in sorted(aux_w) if k < loops)
@@ -700,6 +705,12 @@ def main():
                 conf1 = lp1.detach().max(-1).values.exp()
             kl = (lp2.exp() * (lp2 - lp1)).sum(-1)
             loss = loss + args.exit_distill * (conf1 * kl).mean()
+        if args.exit_calibrate > 0 and loops >= 2:
+            lg1 = by_pass[1].float().view(-1, logits.shape[-1])
+            with torch.no_grad():
+                differs = (lg1.argmax(-1) != by_pass[2].view(-1, logits.shape[-1]).argmax(-1)).float()
+            top1 = F.softmax(lg1, -1).max(-1).values
+            loss = loss + args.exit_calibrate * (differs * top1).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
