@@ -46,6 +46,21 @@ def rope(x, pos, theta, r):
     return torch.cat([a * cos - b * sin, b * cos + a * sin, x[..., r:]], dim=-1)
 
 
+
+def sdpa(q, k, v, attn_mask=None, is_causal=False):
+    """F.scaled_dot_product_attention where torch has it (2.0 and later, the GPU machine's);
+    else the same softmax(q k^T / sqrt(d) + mask) v written out (Debian 12's torch 1.13, which
+    runs train.py's CPU smoke runs)."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    s = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
+    if is_causal:
+        T, S = s.shape[-2], s.shape[-1]
+        attn_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, float("-inf"))
+    return torch.softmax(s, -1).to(v.dtype) @ v
+
 class Config:
     def __init__(self, c):
         self.raw = c
@@ -226,12 +241,12 @@ class Dory(nn.Module):
         v = v.repeat_interleave(rep, dim=2)
         if layer.kind == "*" or T <= c.W:
             if layer.kind == "*":
-                y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                y = sdpa(q.transpose(1, 2), k.transpose(1, 2),
                                                    v.transpose(1, 2), is_causal=True)
             else:
                 p = torch.arange(T, device=x.device)
                 m = (p[None, :] <= p[:, None]) & (p[None, :] > p[:, None] - c.W)
-                y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                y = sdpa(q.transpose(1, 2), k.transpose(1, 2),
                                                    v.transpose(1, 2), attn_mask=m)
             y = y.transpose(1, 2).reshape(B, T, c.nh * c.hd)
         else:
@@ -248,7 +263,7 @@ class Dory(nn.Module):
             k2 = torch.cat([kprev, kb], dim=2)                # [B, nb, 2W, nh, hd]
             v2 = torch.cat([vprev, vb], dim=2)
             mask = self._sliding_mask(nb, W, x.device)
-            y = F.scaled_dot_product_attention(
+            y = sdpa(
                 qb.permute(0, 1, 3, 2, 4).reshape(B * nb, c.nh, W, c.hd),
                 k2.permute(0, 1, 3, 2, 4).reshape(B * nb, c.nh, 2 * W, c.hd),
                 v2.permute(0, 1, 3, 2, 4).reshape(B * nb, c.nh, 2 * W, c.hd),

@@ -37,6 +37,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+# The GPU machine trains on CUDA; without one (Debian 12's python3-torch) the same code runs
+# on the CPU, for short smoke runs of the script (`--steps 3 --ctx 256 --batch 2 --compile 0`).
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from dory_torch import Cached, Dory  # noqa: E402
@@ -328,8 +332,8 @@ def eval_loss(model, rows, loops):
     model.eval()
     tot, n = 0.0, 0
     for r in rows:
-        x = torch.as_tensor(r[None], device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        x = torch.as_tensor(r[None], device=DEV)
+        with torch.autocast(DEV, dtype=torch.bfloat16):
             lg = model.forward_any(x[:, :-1], loops)
         loss = F.cross_entropy(lg.float().reshape(-1, lg.shape[-1]), x[:, 1:].reshape(-1),
                                reduction="sum")
@@ -351,11 +355,11 @@ def eval_passkey(model, pk, rng, length, trials, loops):
         ids = ids.copy()
         ids[pos] = np.asarray(key * 3)
         # <|endoftext|> first, as in training rows and as the engine's BOS.
-        prompt = torch.as_tensor(np.concatenate([[EOT], ids[:ans]])[None], device="cuda")
+        prompt = torch.as_tensor(np.concatenate([[EOT], ids[:ans]])[None], device=DEV)
         want = ids[ans:ans + 6]  # " " then five digits
         got = []
         for _ in range(len(want)):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast(DEV, dtype=torch.bfloat16):
                 lg = model.forward_any(prompt, loops)
             nxt = int(lg[0, -1].argmax())
             got.append(nxt)
@@ -399,10 +403,10 @@ def self_check(sd, model_dir, val_stream):
     ids = val_stream[5000:5000 + 512].copy()
     c = Cached(ref, "per_loop", len(ids))
     cached = c.feed(ids, 2).numpy()
-    f32 = Dory(CONFIG).cuda().eval()
+    f32 = Dory(CONFIG).to(DEV).eval()
     f32.load_state_dict({k: v.float() for k, v in sd.items()})
     with torch.no_grad():
-        seq = f32(torch.as_tensor(ids[None], device="cuda"), 2, dtype=torch.float32)
+        seq = f32(torch.as_tensor(ids[None], device=DEV), 2, dtype=torch.float32)
     d_seq = float(np.abs(seq[0].cpu().numpy() - cached).max())
     out = {"train_path_vs_cached_f64": d_seq}
     try:
@@ -456,8 +460,8 @@ def eval_tasks(model, tok, items, loops, max_new=40):
         ids = [EOT] + tok.encode(TS.chatml(it, answer=False), add_special_tokens=False).ids
         out = []
         for _ in range(max_new):
-            x = torch.as_tensor([ids + out], device="cuda")
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            x = torch.as_tensor([ids + out], device=DEV)
+            with torch.autocast(DEV, dtype=torch.bfloat16):
                 nxt = int(model.forward_any(x, loops)[0, -1].argmax())
             if nxt in (EOT, IM_END):
                 break
@@ -469,6 +473,55 @@ def eval_tasks(model, tok, items, loops, max_new=40):
     res = {t: k / n for t, (n, k) in per.items()}
     res["all"] = sum(k for n, k in per.values()) / max(1, sum(n for n, k in per.values()))
     return res
+
+
+def step_loss(model, rows, weights, loops, args, aux_at, done):
+    """One training step's loss: the last pass's read-out against rows[:, 1:] (weights per
+    position), plus what --aux1, --aux-at, --exit-distill and --exit-calibrate add; done is
+    the share of training done (--aux1-from)."""
+    # Read-outs before the last pass, each with its loss weight (None: read for
+    # --exit-distill / --exit-calibrate only).
+    aux_w = {}
+    if args.aux1 > 0 and done >= args.aux1_from:
+        aux_w[1] = args.aux1
+    for k, w in aux_at.items():
+        aux_w[k] = w
+    if args.exit_distill > 0 or args.exit_calibrate > 0:
+        aux_w.setdefault(1, None)
+        aux_w.setdefault(2, None)
+    aux = tuple(k for k in sorted(aux_w) if k < loops)
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        if aux:
+            logits, early = model(rows[:, :-1], loops, bptt=args.bptt, aux=aux)
+        else:
+            logits, early = model(rows[:, :-1], loops, bptt=args.bptt), []
+    by_pass = dict(zip(aux, early))
+    by_pass[loops] = logits
+    tgt = rows[:, 1:].reshape(-1)
+
+    def ce(lg):
+        lt = F.cross_entropy(lg.float().view(-1, lg.shape[-1]), tgt, reduction="none")
+        return (lt * weights.view(-1)).sum() / weights.sum()
+    loss = ce(logits)
+    for k in aux:
+        # Earlier read-outs trained beside the last (--aux1: the exit gates let a token
+        # out on the first; --aux-at: deep supervision, so more passes stay as good).
+        if aux_w[k]:
+            loss = loss + aux_w[k] * ce(by_pass[k])
+    if args.exit_distill > 0 and loops >= 2:
+        lp1 = F.log_softmax(by_pass[1].float().view(-1, logits.shape[-1]), -1)
+        with torch.no_grad():
+            lp2 = F.log_softmax(by_pass[2].float().view(-1, logits.shape[-1]), -1)
+            conf1 = lp1.detach().max(-1).values.exp()
+        kl = (lp2.exp() * (lp2 - lp1)).sum(-1)
+        loss = loss + args.exit_distill * (conf1 * kl).mean()
+    if args.exit_calibrate > 0 and loops >= 2:
+        lg1 = by_pass[1].float().view(-1, logits.shape[-1])
+        with torch.no_grad():
+            differs = (lg1.argmax(-1) != by_pass[2].view(-1, logits.shape[-1]).argmax(-1)).float()
+        top1 = F.softmax(lg1, -1).max(-1).values
+        loss = loss + args.exit_calibrate * (differs * top1).mean()
+    return loss
 
 
 LOOP_STAGES = {
@@ -591,9 +644,9 @@ def main():
     log(f"task suite: {len(task_train)} train items, {len(task_val)} held out")
     log(f"pass-key templates ready ({time.time() - t_start:.0f} s)")
 
-    stream_gpu = torch.as_tensor(train_stream, device="cuda")
-    model = Dory(CONFIG).cuda()
-    g = torch.Generator(device="cuda")
+    stream_gpu = torch.as_tensor(train_stream, device=DEV)
+    model = Dory(CONFIG).to(DEV)
+    g = torch.Generator(device=DEV)
     g.manual_seed(args.seed)
     model.init_weights(generator=g)
     if args.init:
@@ -641,13 +694,13 @@ def main():
             break
         for grp in opt.param_groups:
             grp["lr"] = lr_at(step)
-        starts = torch.randint(0, len(train_stream) - T - 1, (B,), device="cuda")
-        rows = stream_gpu[starts[:, None] + torch.arange(T + 1, device="cuda")[None]]
-        weights = torch.ones(B, T, device="cuda")
+        starts = torch.randint(0, len(train_stream) - T - 1, (B,), device=DEV)
+        rows = stream_gpu[starts[:, None] + torch.arange(T + 1, device=DEV)[None]]
+        weights = torch.ones(B, T, device=DEV)
         n_pk = int(round(B * args.passkey_share))
         for b in range(n_pk):
             ids, ans = pk_train.sample(rng)
-            ids = torch.as_tensor(ids, device="cuda")
+            ids = torch.as_tensor(ids, device=DEV)
             L = min(len(ids), T)
             rows[b, 1:L + 1] = ids[:L]
             rows[b, 0] = EOT
@@ -657,60 +710,19 @@ def main():
         n_task = int(round(B * args.task_share))
         for b in range(n_pk, min(B, n_pk + n_task)):
             ids, ans = task_rows.row(rng, T)
-            rows[b] = torch.as_tensor(ids, device="cuda")
+            rows[b] = torch.as_tensor(ids, device=DEV)
             weights[b] = 1.0
             if ans:
                 # weights[b, j] weighs the prediction of rows[b, j + 1]
-                weights[b, torch.as_tensor([p - 1 for p in ans], device="cuda")] = 4.0
+                weights[b, torch.as_tensor([p - 1 for p in ans], device=DEV)] = 4.0
         counts, cw = loop_choices_at(progress(step), 1, args.loop_schedule)
         loops = rng.choices(counts, cw)[0]
         if step == 0 and model.seq_compiled is not None:
-            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.no_grad(), torch.autocast(DEV, dtype=torch.bfloat16):
                 model.eval()
                 model(rows[:1, :-1], 1)  # fills the sliding-window mask cache eagerly
                 model.train()
-        # Read-outs before the last pass, each with its loss weight (None: used by
-        # --exit-distill only).
-        aux_w = {}
-        if args.aux1 > 0 and progress(step) >= args.aux1_from:
-            aux_w[1] = args.aux1
-        for k, w in aux_at.items():
-            aux_w[k] = w
-        if args.exit_distill > 0 or args.exit_calibrate > 0:
-            aux_w.setdefault(1, None)
-            aux_w.setdefault(2, None)
-        aux = tuple(k for k in sorted(aux_w) if k < loops)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            if aux:
-                logits, early = model(rows[:, :-1], loops, bptt=args.bptt, aux=aux)
-            else:
-                logits, early = model(rows[:, :-1], loops, bptt=args.bptt), []
-        by_pass = dict(zip(aux, early))
-        by_pass[loops] = logits
-        tgt = rows[:, 1:].reshape(-1)
-
-        def ce(lg):
-            lt = F.cross_entropy(lg.float().view(-1, lg.shape[-1]), tgt, reduction="none")
-            return (lt * weights.view(-1)).sum() / weights.sum()
-        loss = ce(logits)
-        for k in aux:
-            # Earlier read-outs trained beside the last (--aux1: the exit gates let a token
-            # out on the first; --aux-at: deep supervision, so more passes stay as good).
-            if aux_w[k]:
-                loss = loss + aux_w[k] * ce(by_pass[k])
-        if args.exit_distill > 0 and loops >= 2:
-            lp1 = F.log_softmax(by_pass[1].float().view(-1, logits.shape[-1]), -1)
-            with torch.no_grad():
-                lp2 = F.log_softmax(by_pass[2].float().view(-1, logits.shape[-1]), -1)
-                conf1 = lp1.detach().max(-1).values.exp()
-            kl = (lp2.exp() * (lp2 - lp1)).sum(-1)
-            loss = loss + args.exit_distill * (conf1 * kl).mean()
-        if args.exit_calibrate > 0 and loops >= 2:
-            lg1 = by_pass[1].float().view(-1, logits.shape[-1])
-            with torch.no_grad():
-                differs = (lg1.argmax(-1) != by_pass[2].view(-1, logits.shape[-1]).argmax(-1)).float()
-            top1 = F.softmax(lg1, -1).max(-1).values
-            loss = loss + args.exit_calibrate * (differs * top1).mean()
+        loss = step_loss(model, rows, weights, loops, args, aux_at, progress(step))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -732,7 +744,7 @@ def main():
             history.append({"step": step + 1, "train_loss": loss.item(), "val_loss": vl,
                             "val_loss_loops1": vl1, "val_loss_loops4": vl4, "passkey_1024": pk,
                             "score": score})
-            mem = torch.cuda.max_memory_allocated() / 2**30
+            mem = torch.cuda.max_memory_allocated() / 2**30 if DEV == "cuda" else 0.0
             log(f"eval step {step + 1} ({mem:.1f} GiB peak): val loss {vl:.4f} (ppl {math.exp(vl):.2f}, loops 1 "
                 f"{math.exp(vl1):.2f}, 4 {math.exp(vl4):.2f}, ratio {math.exp(vl - vl1):.3f}) "
                 f"pass key {pk:.2f} score {score:.4f}")
