@@ -46,7 +46,6 @@ def rope(x, pos, theta, r):
     return torch.cat([a * cos - b * sin, b * cos + a * sin, x[..., r:]], dim=-1)
 
 
-
 def sdpa(q, k, v, attn_mask=None, is_causal=False):
     """F.scaled_dot_product_attention where torch has it (2.0 and later, the GPU machine's);
     else the same softmax(q k^T / sqrt(d) + mask) v written out (Debian 12's torch 1.13, which
@@ -60,6 +59,7 @@ def sdpa(q, k, v, attn_mask=None, is_causal=False):
     if attn_mask is not None:
         s = s.masked_fill(~attn_mask, float("-inf"))
     return torch.softmax(s, -1).to(v.dtype) @ v
+
 
 class Config:
     def __init__(self, c):
@@ -241,13 +241,11 @@ class Dory(nn.Module):
         v = v.repeat_interleave(rep, dim=2)
         if layer.kind == "*" or T <= c.W:
             if layer.kind == "*":
-                y = sdpa(q.transpose(1, 2), k.transpose(1, 2),
-                                                   v.transpose(1, 2), is_causal=True)
+                y = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
             else:
                 p = torch.arange(T, device=x.device)
                 m = (p[None, :] <= p[:, None]) & (p[None, :] > p[:, None] - c.W)
-                y = sdpa(q.transpose(1, 2), k.transpose(1, 2),
-                                                   v.transpose(1, 2), attn_mask=m)
+                y = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=m)
             y = y.transpose(1, 2).reshape(B, T, c.nh * c.hd)
         else:
             # Sliding window in blocks of W: the queries of block b see keys of blocks
