@@ -411,7 +411,7 @@ void CudaBackend::begin(const PassRows& r) {
 }
 
 void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y, const double* in_sum) {
-  if (w.col_scale && cuda::q8_col_in_kernel(w, T)) {  // q8_2f quantizing x * col itself
+  if (cuda::q8_col_in_kernel(w, T)) {  // q8_2f quantizing x * col itself
     cuda::linear(w, x, T, y, cuda::Act::Block32, nullptr, false, in_sum);
     written(y);
     return;
@@ -462,10 +462,10 @@ void CudaBackend::lin_multi(std::initializer_list<cuda::DevMat> ws,
   std::vector<float*> y(ys);
   for (size_t i = 0; i < w.size();) {
     size_t j = i + 1;
-    if (w[i].col_scale && cuda::q8_col_in_kernel(w[i], T)) {
+    if (cuda::q8_col_in_kernel(w[i], T)) {
       // q8_2f quantizing x * col in the product: the run of such matrices of one width in
       // one launch, each with its own column scales.
-      while (j < w.size() && w[j].cols == w[i].cols && w[j].col_scale && cuda::q8_col_in_kernel(w[j], T))
+      while (j < w.size() && w[j].cols == w[i].cols && cuda::q8_col_in_kernel(w[j], T))
         ++j;
       cuda::linear_multi(w.data() + i, y.data() + i, static_cast<int>(j - i), x, T, cuda::Act::Block32,
                          nullptr, false);

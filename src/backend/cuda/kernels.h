@@ -134,8 +134,8 @@ void attention_decode(float* q, const float* k, const float* v, const float* q_s
                       int rotary_dims, float* out, float* part, int* counters,
                       const float* g = nullptr, const float* gate_scale = nullptr,
                       double* sum = nullptr, int64_t keys = 0);
-// Blocks a row's keys are split over: 2 x SMs / (T x nh), and for a decode row (T = 1) with
-// more than 2,048 keys up to one per 128 of them (at most 32). attention_decode's `keys`: the
+// Blocks a row's keys are split over: 2 x SMs / (T x nh), and 32 for a decode row (T = 1)
+// of 1,024 keys or more. attention_decode's `keys`: the
 // most keys the row attends (0: unknown); a decode graph is captured per split count.
 int attention_splits(int T, int nh, int64_t keys = 0);
 int64_t attention_part_floats(int T, int nh, int hd);
