@@ -9,7 +9,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp}
 L=${L:-$OUT/cmf.txt}
 [ -e /tmp/dory4b/config.json ] || python3 scripts/make_checkpoint.py --out /tmp/dory4b --preset 4b --quiet
-[ -e $OUT/kernels.txt ] || timeout 100 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1
+[ -e $OUT/kernels.txt ] || timeout 150 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1
 build/dory quantize /tmp/dory4b /tmp/q8.gguf --type q8_0 -q
 build/dory convert /tmp/dory4b /tmp/q82f.cmf --type q8_2f -q
 DORY_BIN=build/dory python3 scripts/dev/make_q4tp_pair.py > /dev/null

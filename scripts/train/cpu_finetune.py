@@ -67,6 +67,7 @@ def main():
     ap.add_argument("--aux1", type=float, default=0.0)
     ap.add_argument("--aux-at", default="")
     ap.add_argument("--exit-distill", type=float, default=0.0)
+    ap.add_argument("--exit-distill-easy", type=float, default=0.0)
     ap.add_argument("--exit-calibrate", type=float, default=0.0)
     ap.add_argument("--bptt", type=int, default=0)
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A training step's loss options on the CPU, before they cost GPU time: the built-in model's
 shape with random weights, two rows of 256 tokens, every loss option of train.py (--aux1,
---aux-at, --exit-distill, --exit-calibrate, --bptt) at 1-4 passes; each loss must be finite,
+--aux-at, --exit-distill (-easy), --exit-calibrate, --bptt) at 1-4 passes; each loss must be finite,
 larger than the plain loss where it adds a term, and give finite gradients. Needs torch (on
 Debian 12: apt install python3-torch); exits 77 (skipped) without it.
     /usr/bin/python3 scripts/train/smoke_loss.py"""
@@ -22,7 +22,7 @@ from dory_torch import Dory  # noqa: E402
 
 
 def opts(**kw):
-    a = dict(aux1=0.0, aux1_from=0.0, aux_at="", exit_distill=0.0, exit_calibrate=0.0, bptt=0)
+    a = dict(aux1=0.0, aux1_from=0.0, aux_at="", exit_distill=0.0, exit_distill_easy=0.0, exit_calibrate=0.0, bptt=0)
     a.update(kw)
     return types.SimpleNamespace(**a)
 
@@ -39,6 +39,7 @@ def main():
     cases = [("plain", opts()), ("--aux1 0.3", opts(aux1=0.3)),
              ("--aux-at 2:0.3,4:0.3", opts(aux_at="2:0.3,4:0.3")),
              ("--exit-distill 1.0", opts(exit_distill=1.0)),
+             ("--exit-distill 1.0 --exit-distill-easy 0.5", opts(exit_distill=1.0, exit_distill_easy=0.5)),
              ("--exit-calibrate 1.0", opts(exit_calibrate=1.0)),
              ("all, --bptt 2", opts(aux1=0.3, aux_at="2:0.3", exit_distill=1.0, exit_calibrate=1.0, bptt=2))]
     bad = 0

@@ -514,7 +514,16 @@ def step_loss(model, rows, weights, loops, args, aux_at, done):
             lp2 = F.log_softmax(by_pass[2].float().view(-1, logits.shape[-1]), -1)
             conf1 = lp1.detach().max(-1).values.exp()
         kl = (lp2.exp() * (lp2 - lp1)).sum(-1)
-        loss = loss + args.exit_distill * (conf1 * kl).mean()
+        easy = getattr(args, "exit_distill_easy", 0.0)
+        if easy > 0:
+            # Only the batch's easiest tokens (the share with the smallest pass-1 / pass-2 KL):
+            # those are the ones an exit gate would let out, so pass 1 is taught to be exact
+            # there and the hard tokens keep what the second pass adds.
+            with torch.no_grad():
+                cut = torch.quantile(kl.detach().float(), min(1.0, easy))
+            loss = loss + args.exit_distill * (kl * (kl.detach() <= cut)).mean()
+        else:
+            loss = loss + args.exit_distill * (conf1 * kl).mean()
     if args.exit_calibrate > 0 and loops >= 2:
         lg1 = by_pass[1].float().view(-1, logits.shape[-1])
         with torch.no_grad():
@@ -600,6 +609,10 @@ def main():
                     "one (KL, the two-pass side fixed) on each token in proportion to the one-pass "
                     "top probability: a confident first pass must be the second's answer, which "
                     "is what the conf gate lets out on (0: off)")
+    ap.add_argument("--exit-distill-easy", type=float, default=0.0,
+                    help="with --exit-distill: pull only the share (0-1) of each batch's tokens "
+                    "whose one-pass read-out is already closest to the two-pass one (smallest KL), "
+                    "unweighted, instead of every token by its top probability (0: off)")
     ap.add_argument("--exit-calibrate", type=float, default=0.0,
                     help="weight of a loss on the one-pass read-out's top probability where its "
                     "choice differs from the two-pass one's: the first pass learns to be unsure "

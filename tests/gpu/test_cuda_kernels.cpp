@@ -109,6 +109,7 @@ cuda::DevMat upload_mat(DType t, const std::vector<uint8_t>& blocks, int64_t row
 }
 
 const char* g_variant = "";  // appended to the product cases' labels (e.g. ", ldmatrix")
+bool g_unstaged = false;     // attention cases: flash without the staged keys (keys not given)
 
 void product_case(DType t, int64_t rows, int64_t cols, int T, std::mt19937& rng) {
   std::normal_distribution<float> N(0.0f, 1.0f);
@@ -365,10 +366,13 @@ void attention_case(const AttnCase& a, std::mt19937& rng) {
   float* part = up(part_h);
   std::vector<int> cnt_h(a.T * a.nh, 0);
   int* cnt = up(cnt_h);
+  // Staged (keys and values converted once into a scratch, the default) or not (g_unstaged).
+  cuda::set_flash_stage(!g_unstaged);
+  const int64_t keys = end;
   cuda::set_flash_f16(false);
-  const bool flashed = cuda::flash_attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_flash);
+  const bool flashed = cuda::flash_attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_flash, keys);
   cuda::set_flash_f16(true);  // the default
-  cuda::flash_attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_f16);
+  cuda::flash_attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_f16, keys);
   cuda::attention(dq, drows, a.T, a.nh, a.nk, a.hd, out_core, part, cnt);
   const std::vector<float> of = down(out_flash, zeros.size()), oc = down(out_core, zeros.size()),
                            oh = down(out_f16, zeros.size());
@@ -406,8 +410,9 @@ void attention_case(const AttnCase& a, std::mt19937& rng) {
         }
       }
   char what[160];
-  std::snprintf(what, sizeof what, "attention hd %d, %d/%d heads, %d rows from %lld, window %lld%s",
-                a.hd, a.nh, a.nk, a.T, (long long)a.start, (long long)a.window, a.ring ? ", ring" : "");
+  std::snprintf(what, sizeof what, "attention hd %d, %d/%d heads, %d rows from %lld, window %lld%s%s",
+                a.hd, a.nh, a.nk, a.T, (long long)a.start, (long long)a.window, a.ring ? ", ring" : "",
+                g_unstaged ? ", unstaged" : "");
   // CUDA cores: float sums and expf against double, outputs of magnitude ~1: 1e-4.
   report(std::string(what) + ": cuda cores", err_core, 1e-4);
   // Flash: P rounded to bf16 (2^-9 relative each) in P V: |sum (p_i e_i) v_i| <= 2^-9 max|v|
@@ -487,14 +492,23 @@ int main() {
     }
     g_variant = "";
     std::printf("attention\n");
-    for (int hd : {16, 32, 64, 128, 256}) {
-      attention_case({hd, 4, 2, 70, 0, 0, false}, rng);
-      attention_case({hd, 4, 2, 70, 30, 0, false}, rng);
-      attention_case({hd, 4, 2, 70, 30, 20, false}, rng);
-      attention_case({hd, 4, 2, 70, 100, 20, true}, rng);
+    // Flash with the chunk's keys staged once, then converted per tile by each block.
+    for (bool unstaged : {false, true}) {
+      g_unstaged = unstaged;
+      for (int hd : {16, 32, 64, 128, 256}) {
+        attention_case({hd, 4, 2, 70, 0, 0, false}, rng);
+        attention_case({hd, 4, 2, 70, 30, 0, false}, rng);
+        attention_case({hd, 4, 2, 70, 30, 20, false}, rng);
+        attention_case({hd, 4, 2, 70, 100, 20, true}, rng);
+      }
+      attention_case({256, 16, 4, 100, 0, 0, false}, rng);
+      attention_case({64, 4, 4, 130, 500, 1024, true}, rng);
+      // Rows seeing 1,024 keys and more (8 warps a block); a window (ring) whose rows' first
+      // keys are not on the chunk's tile boundaries.
+      attention_case({128, 8, 2, 200, 1000, 0, false}, rng);
+      attention_case({256, 4, 1, 150, 1100, 1000, true}, rng);
     }
-    attention_case({256, 16, 4, 100, 0, 0, false}, rng);
-    attention_case({64, 4, 4, 130, 500, 1024, true}, rng);
+    g_unstaged = false;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "test_cuda_kernels: %s\n", e.what());
     return 1;

@@ -893,17 +893,33 @@ __device__ __forceinline__ uint32_t pack_f16(float a, float b) {
 // query's range is the model's). The default since it ran on an H100 (built-in model, default
 // inputs: top-1 0.9956 / KL 3.3e-5 against the CPU, bf16 P: 0.9946 / 3.5e-5);
 // DORY_CUDA_FLASH_F16=0: bf16.
-template <int HD, bool F16, int WN>
+//
+// ST (staged): the chunk's keys and values were converted once (k_kv_stage: keys bf16 row-major,
+// values fp16 / bf16 transposed per tile of 64, tiles from the chunk's first row's first key),
+// so a tile arrives by cp.async at half the bytes, with no conversion, into two buffers where
+// shared memory allows (the next tile's copies in flight while this one's products run).
+// Without it (the staging scratch could not be had) each block converts every tile itself.
+template <int HD, int WN, bool ST>
+__host__ __device__ constexpr int fa_buffers() {
+  return ST && !(WN == 4 && HD == 256) ? 2 : 1;  // 4 warps at 256: two blocks an SM instead
+}
+template <int HD, int WN, bool ST>
+__host__ __device__ constexpr size_t fa_smem_bytes() {
+  return (static_cast<size_t>(16 * WN) * (HD + 8) +
+          fa_buffers<HD, WN, ST>() * (static_cast<size_t>(kFaN) * (HD + 8) + HD * (kFaN + 8))) * 2;
+}
+
+template <int HD, bool F16, int WN, bool ST>
 __global__ void __launch_bounds__(32 * WN)
     k_flash_attn(const float* __restrict__ q, const AttnRow* __restrict__ rows, int T, int nh,
-                 int nk, float* __restrict__ out) {
-  constexpr int kFaM = 16 * WN, NT = 32 * WN;
+                 int nk, float* __restrict__ out, const uint16_t* __restrict__ kst,
+                 const uint16_t* __restrict__ vst, int64_t ncap) {
+  constexpr int kFaM = 16 * WN, NT = 32 * WN, NB = fa_buffers<HD, WN, ST>();
   constexpr int QS = HD + 8, VS = kFaN + 8;  // row strides in bf16 (conflict-free fragments)
+  constexpr int BUF = kFaN * QS + HD * VS;   // one buffer: keys [kFaN][QS], values [HD][VS]
   extern __shared__ __align__(16) unsigned char fa_smem[];
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(fa_smem);  // [kFaM][QS]
-  __nv_bfloat16* Ks = Qs + kFaM * QS;                              // [kFaN][QS]
   using VT = std::conditional_t<F16, __half, __nv_bfloat16>;
-  VT* Vt = reinterpret_cast<VT*>(Ks + kFaN * QS);                  // [HD][VS]
   pdl_launch();
   pdl_wait();
   const int t0 = blockIdx.x * kFaM, h = blockIdx.y, kvh = h / (nh / nk);
@@ -912,6 +928,30 @@ __global__ void __launch_bounds__(32 * WN)
   const AttnRow r0 = rows[t0];
   const int tl = min(T, t0 + kFaM) - 1;  // the tile's last row
   const int64_t kstart = r0.lo, kend = rows[tl].pos;
+  // Staged tiles start at the chunk's first key (rows[0].lo); this block's first is the one
+  // holding its first row's first key (the masks drop the keys before it).
+  const int64_t base = ST ? rows[0].lo : kstart;
+  const int64_t kfirst = base + ((kstart - base) / kFaN) * kFaN;
+  const int ntl = static_cast<int>((kend - kfirst) / kFaN) + 1;
+  // Buffer b's keys and values.
+  auto kbuf = [&](int b) { return Qs + kFaM * QS + b * BUF; };
+  auto vbuf = [&](int b) { return reinterpret_cast<VT*>(Qs + kFaM * QS + b * BUF + kFaN * QS); };
+  // The staged tile at key kb into buffer b (cp.async, committed by the caller).
+  auto copy_tile = [&](int b, int64_t kb) {
+    const int64_t tix = static_cast<int64_t>(kvh) * ncap + (kb - base) / kFaN;
+    const uint16_t* ks = kst + tix * kFaN * HD;
+    const uint16_t* vs = vst + tix * HD * kFaN;
+    __nv_bfloat16* Kb = kbuf(b);
+    VT* Vb = vbuf(b);
+    for (int i = tid; i < kFaN * HD / 8; i += NT) {
+      const int r = i / (HD / 8), c = i % (HD / 8);
+      cp_async16(Kb + r * QS + c * 8, ks + r * HD + c * 8, true);
+    }
+    for (int i = tid; i < HD * kFaN / 8; i += NT) {
+      const int d = i / (kFaN / 8), c = i % (kFaN / 8);
+      cp_async16(Vb + d * VS + c * 8, vs + d * kFaN + c * 8, true);
+    }
+  };
   // Q tile, rounded to bf16.
   for (int i = tid; i < kFaM * HD / 4; i += NT) {
     const int rr = i / (HD / 4), c4 = i % (HD / 4);
@@ -937,8 +977,26 @@ __global__ void __launch_bounds__(32 * WN)
   for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float ma = -INFINITY, mb = -INFINITY, sa = 0.0f, sb = 0.0f;
   const float sl2 = 1.4426950408889634f / sqrtf(static_cast<float>(HD));  // 1/sqrt(hd), log2
-  for (int64_t kb = kstart; kb <= kend; kb += kFaN) {
-    __syncthreads();  // the previous tile is used up (and Q is in place, the first time)
+  if constexpr (ST && NB == 2) {
+    copy_tile(0, kfirst);
+    cp_async_commit();
+  }
+  for (int it = 0; it < ntl; ++it) {
+    const int64_t kb = kfirst + static_cast<int64_t>(it) * kFaN;
+    const int b = NB == 2 ? it & 1 : 0;
+    const __nv_bfloat16* Ks = kbuf(b);
+    __syncthreads();  // the buffer refilled next is used up (and Q is in place, the first time)
+    if constexpr (ST && NB == 2) {
+      if (it + 1 < ntl) copy_tile(b ^ 1, kb + kFaN);
+      cp_async_commit();      // (an empty group past the last tile)
+      cp_async_wait<1>();     // this thread's copies of tile it are in
+    } else if constexpr (ST) {
+      copy_tile(0, kb);
+      cp_async_commit();
+      cp_async_wait<0>();
+    } else {
+    __nv_bfloat16* Kw = kbuf(0);
+    VT* Vt = vbuf(0);
     for (int i = tid; i < kFaN * HD / 4; i += NT) {
       const int key = i % kFaN, c4 = i / kFaN;
       const int64_t p = kb + key;
@@ -951,7 +1009,7 @@ __global__ void __launch_bounds__(32 * WN)
       uint2 pk;
       pk.x = pack_bf16(kv.x, kv.y);
       pk.y = pack_bf16(kv.z, kv.w);
-      *reinterpret_cast<uint2*>(Ks + key * QS + c4 * 4) = pk;
+      *reinterpret_cast<uint2*>(Kw + key * QS + c4 * 4) = pk;
       if constexpr (F16) {
         Vt[(c4 * 4 + 0) * VS + key] = __float2half_rn(fminf(fmaxf(vv.x, -65504.f), 65504.f));
         Vt[(c4 * 4 + 1) * VS + key] = __float2half_rn(fminf(fmaxf(vv.y, -65504.f), 65504.f));
@@ -964,7 +1022,9 @@ __global__ void __launch_bounds__(32 * WN)
         Vt[(c4 * 4 + 3) * VS + key] = __float2bfloat16_rn(vv.w);
       }
     }
+    }
     __syncthreads();
+    const VT* Vt = vbuf(b);
     if (kb > whi || kb + kFaN - 1 < wlo) continue;  // no row of this warp sees these keys
     float s[8][4];
 #pragma unroll
@@ -1047,6 +1107,57 @@ __global__ void __launch_bounds__(32 * WN)
     if (rb < T)
       *reinterpret_cast<float2*>(out + (static_cast<int64_t>(rb) * nh + h) * HD + d) =
           make_float2(o[n][2] * ib, o[n][3] * ib);
+  }
+}
+
+// The chunk's keys and values for k_flash_attn<..., ST>: kv head blockIdx.y, tile blockIdx.x
+// of 64 positions from rows[0].lo (to rows[T - 1].pos; blocks past it return): keys as bf16
+// [ncap tiles][64][HD], values as VT transposed per tile [ncap][HD][64], zeros past the last
+// key; the rounding the unstaged kernel does per tile (values clamped to fp16's range).
+template <int HD, bool F16>
+__global__ void __launch_bounds__(256)
+    k_kv_stage(const AttnRow* __restrict__ rows, int T, int nk, uint16_t* __restrict__ kst,
+               uint16_t* __restrict__ vst, int64_t ncap) {
+  pdl_launch();
+  pdl_wait();
+  const AttnRow r0 = rows[0];
+  const int64_t base = r0.lo, kend = rows[T - 1].pos, kb = base + static_cast<int64_t>(blockIdx.x) * kFaN;
+  if (kb > kend) return;
+  const int kvh = blockIdx.y;
+  const int64_t w = static_cast<int64_t>(nk) * HD, tix = static_cast<int64_t>(kvh) * ncap + blockIdx.x;
+  auto at = [&](const float* c, int key, int d) {
+    const int64_t p = kb + key;
+    if (p > kend) return make_float4(0, 0, 0, 0);
+    const int64_t slot = r0.ring ? p % r0.ring : p;
+    return *reinterpret_cast<const float4*>(c + slot * w + kvh * HD + d);
+  };
+  // Keys: a row's float4s side by side (reads and writes along the row).
+  for (int i = threadIdx.x; i < kFaN * HD / 4; i += blockDim.x) {
+    const int key = i / (HD / 4), c4 = i % (HD / 4);
+    const float4 v = at(r0.k, key, c4 * 4);
+    uint2 pk;
+    pk.x = pack_bf16(v.x, v.y);
+    pk.y = pack_bf16(v.z, v.w);
+    *reinterpret_cast<uint2*>(kst + (tix * kFaN + key) * HD + c4 * 4) = pk;
+  }
+  // Values, transposed: neighbouring threads take neighbouring keys (writes along a row of Vt).
+  uint16_t* vt = vst + tix * HD * kFaN;
+  for (int i = threadIdx.x; i < kFaN * HD / 4; i += blockDim.x) {
+    const int key = i % kFaN, c4 = i / kFaN;
+    const float4 v = at(r0.v, key, c4 * 4);
+    const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint16_t bits;
+      if constexpr (F16) {
+        const __half hv = __float2half_rn(fminf(fmaxf(e[j], -65504.f), 65504.f));
+        bits = *reinterpret_cast<const uint16_t*>(&hv);
+      } else {
+        const __nv_bfloat16 bv = __float2bfloat16_rn(e[j]);
+        bits = *reinterpret_cast<const uint16_t*>(&bv);
+      }
+      vt[(c4 * 4 + j) * kFaN + key] = bits;
+    }
   }
 }
 
@@ -1508,6 +1619,7 @@ bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: of
 bool g_flash_f16 = true;  // its P V in fp16 (DORY_CUDA_FLASH_F16=0: bf16)
 bool g_q8_col = false;    // q8_2f's input quantized in its product (DORY_CUDA_Q8_COL=1)
 int g_flash_warps = 0;    // query rows a block: 16 x this (DORY_CUDA_FLASH_WARPS=4|8; 0: by keys)
+bool g_flash_stage = false;  // keys and values converted once a chunk (DORY_CUDA_FLASH_STAGE=1: on)
 constexpr int kTcMinT = 16;
 
 // Every kernel goes through here: on the backend's stream, with programmatic dependent launch
@@ -1668,6 +1780,12 @@ void set_stream(void* s) {
   g_q8_col = qc && std::string(qc) == "1";
   const char* fw = std::getenv("DORY_CUDA_FLASH_WARPS");
   g_flash_warps = fw && std::string(fw) == "8" ? 8 : fw && std::string(fw) == "4" ? 4 : 0;
+  const char* fs = std::getenv("DORY_CUDA_FLASH_STAGE");
+  g_flash_stage = fs && std::string(fs) == "1";
+}
+
+void set_flash_stage(bool on) {
+  g_flash_stage = on;
 }
 
 void set_flash_f16(bool on) {
@@ -2325,26 +2443,75 @@ void attention_decode(float* q, const float* k, const float* v, const float* q_s
          nk, hd, S, out, part, counters, fa);
 }
 
-template <int HD, bool F16, int WN>
-void flash_launch(const float* q, const AttnRow* rows, int T, int nh, int nk, float* out) {
+// The staging scratch of flash attention (k_kv_stage): grown on demand, never while a graph is
+// captured; nullptr where it cannot be had (the unstaged kernel runs instead).
+void* g_stage = nullptr;
+size_t g_stage_bytes = 0;
+constexpr size_t kStageMax = size_t(1) << 30;
+
+void* stage_scratch(size_t bytes) {
+  if (bytes <= g_stage_bytes) return g_stage;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (bytes > kStageMax || cudaStreamIsCapturing(g_stream, &cs) != cudaSuccess ||
+      cs != cudaStreamCaptureStatusNone)
+    return nullptr;
+  const cudaError_t e = cudaStreamSynchronize(g_stream);  // the old scratch may be in use
+  if (e != cudaSuccess) throw Error(std::string("CUDA: flash staging: ") + cudaGetErrorString(e));
+  if (g_stage) cudaFree(g_stage);
+  g_stage = nullptr, g_stage_bytes = 0;
+  const size_t want = std::min(kStageMax, bytes + bytes / 2);  // room for the next chunks
+  for (size_t n : {want, bytes}) {
+    if (cudaMalloc(&g_stage, n) == cudaSuccess) {
+      g_stage_bytes = n;
+      return g_stage;
+    }
+    cudaGetLastError();  // out of memory is not sticky; the unstaged kernel needs no scratch
+    g_stage = nullptr;
+  }
+  return nullptr;
+}
+
+template <int HD, bool F16, int WN, bool ST>
+void flash_launch(const float* q, const AttnRow* rows, int T, int nh, int nk, float* out,
+                  const uint16_t* kst, const uint16_t* vst, int64_t ncap) {
   constexpr int kFaM = 16 * WN;
-  constexpr size_t smem = ((kFaM + kFaN) * (HD + 8) + HD * (kFaN + 8)) * 2;
+  constexpr size_t smem = fa_smem_bytes<HD, WN, ST>();
   static bool raised = false;  // the block's shared memory over 48 KB needs an opt-in
   if (!raised) {
-    const cudaError_t e = cudaFuncSetAttribute(k_flash_attn<HD, F16, WN>,
+    const cudaError_t e = cudaFuncSetAttribute(k_flash_attn<HD, F16, WN, ST>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem));
     if (e != cudaSuccess) throw Error(std::string("CUDA: flash attention: ") + cudaGetErrorString(e));
     raised = true;
   }
-  launch("flash attention", k_flash_attn<HD, F16, WN>, dim3((T + kFaM - 1) / kFaM, nh),
-         dim3(32 * WN), smem, q, rows, T, nh, nk, out);
+  launch("flash attention", k_flash_attn<HD, F16, WN, ST>, dim3((T + kFaM - 1) / kFaM, nh),
+         dim3(32 * WN), smem, q, rows, T, nh, nk, out, kst, vst, ncap);
+}
+
+template <int HD, bool F16, int WN>
+void flash_run(const float* q, const AttnRow* rows, int T, int nh, int nk, float* out, int64_t keys) {
+  // Staged where the caller gave the key count (tiles <= keys / 64 rounded up) and the
+  // scratch is there: keys and values of every kv head, 2 bytes each.
+  const int64_t ncap = (keys + kFaN - 1) / kFaN;
+  void* st = g_flash_stage && keys > 0
+                 ? stage_scratch(static_cast<size_t>(2 * 2) * nk * ncap * kFaN * HD)
+                 : nullptr;
+  if (!st) {
+    prof_mark("attention (tensor cores)");
+    return flash_launch<HD, F16, WN, false>(q, rows, T, nh, nk, out, nullptr, nullptr, 0);
+  }
+  uint16_t* kst = static_cast<uint16_t*>(st);
+  uint16_t* vst = kst + static_cast<size_t>(nk) * ncap * kFaN * HD;
+  prof_mark("attention (staging K/V)");
+  launch("flash staging", k_kv_stage<HD, F16>, dim3(static_cast<unsigned>(ncap), nk), dim3(256), 0,
+         rows, T, nk, kst, vst, ncap);
+  prof_mark("attention (tensor cores)");
+  flash_launch<HD, F16, WN, true>(q, rows, T, nh, nk, out, kst, vst, ncap);
 }
 
 bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd,
                      float* out, int64_t keys) {
   if (!g_tc || !g_flash || !g_tc_float || T < kTcMinT) return false;
-  prof_mark("attention (tensor cores)");
   auto go = [&](auto hdc) {
     constexpr int H = decltype(hdc)::value;
     // 8 warps (128 query rows a block, the key tiles' loads and conversion shared by twice
@@ -2353,11 +2520,11 @@ bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk,
     // (+9% / +13%). Chunks over fewer keys keep 4 (twice the blocks, and little attention).
     const int wn = g_flash_warps ? g_flash_warps : keys >= 1024 ? 8 : 4;
     if (wn == 8) {
-      if (g_flash_f16) flash_launch<H, true, 8>(q, rows, T, nh, nk, out);
-      else flash_launch<H, false, 8>(q, rows, T, nh, nk, out);
+      if (g_flash_f16) flash_run<H, true, 8>(q, rows, T, nh, nk, out, keys);
+      else flash_run<H, false, 8>(q, rows, T, nh, nk, out, keys);
     } else {
-      if (g_flash_f16) flash_launch<H, true, 4>(q, rows, T, nh, nk, out);
-      else flash_launch<H, false, 4>(q, rows, T, nh, nk, out);
+      if (g_flash_f16) flash_run<H, true, 4>(q, rows, T, nh, nk, out, keys);
+      else flash_run<H, false, 4>(q, rows, T, nh, nk, out, keys);
     }
   };
   switch (hd) {

@@ -119,12 +119,17 @@ void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int h
 // The same on tensor cores (bf16 inputs, Act::Bf16's rounding) for a pass whose rows are one
 // sequence's consecutive positions (same cache slot, rows[t].pos = rows[0].pos + t): false,
 // nothing launched, where it does not apply (tensor cores off, float inputs asked for, fewer
-// than 16 rows, a head dimension other than 16, 32, 64, 128 or 256).
+// than 16 rows, a head dimension other than 16, 32, 64, 128 or 256). `keys`: the pass's last
+// row's position + 1 (0: unknown, and the keys are not staged: set_flash_stage).
 bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd, float* out,
                      int64_t keys = 0);
 // Flash attention's P and V in fp16 (the default) or bf16 (DORY_CUDA_FLASH_F16=0 at
 // set_stream); test_cuda_kernels checks both.
 void set_flash_f16(bool on);
+// Flash attention with the chunk's keys and values converted once into a scratch (where
+// `keys` is given and the scratch can be had; DORY_CUDA_FLASH_STAGE=1 until it has run on a
+// GPU) or by each block per tile; test_cuda_kernels checks both.
+void set_flash_stage(bool on);
 // One decode row (T = 1): qk_prepare and attention in one launch (the row's own key and value
 // used from the block's shared memory, written to the cache for the tokens after it). With
 // `sum` set, also the output gate: out * sigmoid(g * gate_scale), its squares added to *sum
