@@ -555,6 +555,9 @@ LOOP_STAGES = {
     # run without gradients, so a deep step costs little more than a four-pass one and the
     # iteration learns to keep improving (or hold) past the counts users ask for.
     "wide": [(0.0, {2: 1}), (0.15, {2: 3, 3: 3, 4: 2}), (0.4, {2: 2, 3: 2, 4: 3, 5: 2, 6: 2, 8: 1})],
+    # Past two: as deep4, but the last stage draws two passes once in ten steps, so the weights
+    # are shaped for three to six (four passes the likeliest) and two is kept in reach.
+    "past2": [(0.0, {2: 1}), (0.15, {2: 2, 3: 3, 4: 2}), (0.4, {2: 1, 3: 2, 4: 3, 5: 2, 6: 2})],
 }
 
 
