@@ -264,6 +264,65 @@ void decode_norm_case(DType t, int64_t rows, int64_t cols, std::mt19937& rng) {
   cudaFree(dx), cudaFree(dy), cudaFree(scratch), cudaFree(dsum), cudaFree(const_cast<void*>(m.data));
 }
 
+// The nGPT residual in a decode product's epilogue (cuda::Residual: the last warp mixes it)
+// against the same product followed by the row kernel (ngpt_residual) on the device: the same
+// float arithmetic over sums of squares taken in another order (one warp against a block, in
+// double), so x within a few float ulps (2e-6 of its largest element) and the quants for the
+// next product (blocks of nb) the same but where an input sits within that of a rounding
+// step (at most 1 in 1,000 quants). Run three times in a row: the ticket counter must come
+// back to zero.
+void residual_case(DType t, int64_t n, int64_t cols, int nb, std::mt19937& rng) {
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  std::vector<float> w(n * cols), xin(cols), x0(n), alpha(n);
+  for (float& v : w) v = N(rng) * 0.05f;
+  for (float& v : xin) v = N(rng);
+  for (float& v : x0) v = N(rng);
+  for (float& v : alpha) v = 0.05f + 0.1f * std::fabs(N(rng));
+  const bool half = t == DType::BF16;
+  std::vector<uint8_t> blocks(row_bytes(t, cols) * n);
+  for (int64_t r = 0; r < n; ++r) quantize_row(t, w.data() + r * cols, blocks.data() + r * row_bytes(t, cols), cols);
+  const cuda::DevMat m = upload_mat(t, blocks, n, cols);
+  const int B = dtype_block_elems(t) == 256 ? 256 : 32;
+  const cuda::Act act = half ? cuda::Act::Bf16 : B == 256 ? cuda::Act::Block256 : cuda::Act::Block32;
+  float *dxin = up(xin), *da = up(alpha);
+  std::vector<float> zeros(n, 0.0f);
+  float *dy = up(zeros), *dxa = up(x0), *dxb = up(x0);
+  std::vector<uint8_t> scratch_h(cols * 4 + n * 4 + 1024);
+  void *sa = up(scratch_h), *sb = up(scratch_h);
+  unsigned* cnt = up(std::vector<unsigned>{0u});
+  const cuda::Act nact = nb == 256 ? cuda::Act::Block256 : nb == 32 ? cuda::Act::Block32 : cuda::Act::Float;
+  int64_t qbad = 0;
+  double worst = 0;
+  for (int round = 0; round < 3; ++round) {
+    // Reference: the product, then the row kernel quantizing x into scratch b.
+    cuda::linear(m, dxin, 1, dy, act, sb);
+    const cuda::QOut qb = nb ? cuda::act_layout(nact, sb, 1, n) : cuda::QOut{};
+    cuda::ngpt_residual(dxb, dy, da, 1, n, qb);
+    // Fused: scratch a holds the product's input quants, then the residual's.
+    cuda::Residual res;
+    res.x = dxa, res.alpha = da, res.counter = cnt;
+    if (nb) res.qo = cuda::act_layout(nact, sa, 1, n);
+    cuda::linear(m, dxin, 1, dy, act, sa, false, nullptr, &res);
+    const std::vector<float> xa = down(dxa, n), xb = down(dxb, n);
+    float mx = 0;
+    for (float v : xb) mx = std::max(mx, std::fabs(v));
+    for (int64_t i = 0; i < n; ++i) worst = std::max(worst, static_cast<double>(std::fabs(xa[i] - xb[i])) / mx);
+    if (nb) {
+      const std::vector<int8_t> qa = down(res.qo.q, n), qr = down(qb.q, n);
+      for (int64_t i = 0; i < n; ++i) qbad += qa[i] != qr[i];
+    }
+  }
+  const unsigned left = down(cnt, 1)[0];
+  char what[160];
+  std::snprintf(what, sizeof what, "residual in the %s %lldx%lld decode product (next quants: %d)", dtype_name(t),
+                (long long)n, (long long)cols, nb);
+  report(std::string(what) + ": x", worst, 2e-6);
+  report(std::string(what) + ": quants differing (3 rounds)", static_cast<double>(qbad), 3.0 * n / 1000);
+  report(std::string(what) + ": counter left", static_cast<double>(left), 0);
+  cudaFree(dxin), cudaFree(da), cudaFree(dy), cudaFree(dxa), cudaFree(dxb), cudaFree(sa), cudaFree(sb), cudaFree(cnt);
+  cudaFree(const_cast<void*>(m.data));
+}
+
 // swiglu_quant: v = silu(g sg) (u su) in float as the kernel computes it, its quants and block
 // scales exactly the host quantization of the v the kernel wrote, the sum of squares to
 // double rounding.
@@ -466,6 +525,9 @@ int main() {
     for (int T : {1, 3, 9})
       for (int64_t cols : {256, 1024, 2560}) col_scaled_case(300, cols, T, rng);
     cuda::set_q8_col(false);
+    for (DType t : {DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
+      for (int nb : {0, 32, 256}) residual_case(t, 2560, 1024, nb, rng);
+    residual_case(DType::Q8_0, 300, 256, 32, rng);
     for (int B : {32, 256}) swiglu_quant_case(9728, B, rng);
     swiglu_quant_case(768, 256, rng);
     for (int T : {1, 5, 16, 40, 130}) product_case(DType::BF16, 300, 512, T, rng);

@@ -235,6 +235,10 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
   if (const char* f = std::getenv("DORY_CUDA_FUSE")) fuse_ = std::string(f) != "0";
   if (const char* f = std::getenv("DORY_CUDA_FUSE_INT8")) fuse_int8_ = std::string(f) != "0";
   fuse_int8_ = fuse_int8_ && fuse_;
+  if (const char* f = std::getenv("DORY_CUDA_FUSE_RESID")) fuse_resid_ = std::string(f) == "1";
+  fuse_resid_ = fuse_resid_ && fuse_;
+  res_cnt_ = cuda::DevBuf(sizeof(unsigned));
+  ck(cudaMemset(res_cnt_.get(), 0, res_cnt_.size()), "residual counter");
   // DORY_CUDA_GRAPHS=0: every launch on its own (to compare, or to debug a kernel).
   if (const char* g = std::getenv("DORY_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
   // DORY_CUDA_PROFILE=1: every launch timed on its own (graphs off), a table at exit.
@@ -410,9 +414,10 @@ void CudaBackend::begin(const PassRows& r) {
      "embedding upload");
 }
 
-void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y, const double* in_sum) {
+void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y, const double* in_sum,
+                      const cuda::Residual* res) {
   if (cuda::q8_col_in_kernel(w, T)) {  // q8_2f quantizing x * col itself
-    cuda::linear(w, x, T, y, cuda::Act::Block32, nullptr, false, in_sum);
+    cuda::linear(w, x, T, y, cuda::Act::Block32, nullptr, false, in_sum, res);
     written(y);
     return;
   }
@@ -427,10 +432,33 @@ void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y, co
   }
   const cuda::Act a = act_for(w, bf16_input_);
   const bool quant = a == cuda::Act::Block32 || a == cuda::Act::Block256;
-  cuda::linear(w, x, T, y, a, act_.get(), quant && act_src_ == x && act_kind_ == a, in_sum);
+  cuda::linear(w, x, T, y, a, act_.get(), quant && act_src_ == x && act_kind_ == a, in_sum, res);
   if (quant) act_src_ = x, act_kind_ = a;
   else act_src_ = nullptr;  // tensor-core products round their input into the scratch
   written(y);
+}
+
+void CudaBackend::lin_residual(const cuda::DevMat& w, const float* in, const double* in_sum,
+                               const float* alpha, const cuda::DevMat* next) {
+  const DoryConfig& c = model_->config();
+  const int T = static_cast<int>(T_);
+  if (fuse_resid_ && cuda::residual_fusable(w, T) && w.rows == c.hidden) {
+    // The quants for `next` go to the scratch once the product has read its own input from
+    // it (the last warp runs after every warp's sums), so the layout is taken first and the
+    // bookkeeping (quant_for) after.
+    const cuda::Act a = next ? act_for(*next, bf16_input_) : cuda::Act::Float;
+    cuda::Residual res;
+    res.x = x_.f();
+    res.alpha = alpha;
+    if (a == cuda::Act::Block32 || a == cuda::Act::Block256) res.qo = cuda::act_layout(a, act_.get(), T, next->cols);
+    res.counter = static_cast<unsigned*>(res_cnt_.get());
+    lin(w, in, T, out_.f(), in_sum, &res);
+    written(x_.f());
+    quant_for(next, x_.f(), T);
+    return;
+  }
+  lin(w, in, T, out_.f(), in_sum);
+  cuda::ngpt_residual(x_.f(), out_.f(), alpha, T, c.hidden, quant_for(next, x_.f(), T));
 }
 
 cuda::QOut CudaBackend::quant_for(const cuda::DevMat* next, const float* buf, int T) {
@@ -549,8 +577,7 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
                     quant_for(&L.wo, att_.f(), T));
   }
   cuda::prof_label("attn o");
-  lin(L.wo, att_.f(), T, out_.f(), gsum);
-  cuda::ngpt_residual(x_.f(), out_.f(), L.alpha, T, c.hidden, quant_for(next, x_.f(), T));
+  lin_residual(L.wo, att_.f(), gsum, L.alpha, next);
 }
 
 void CudaBackend::mlp_layer(const Layer& L, const cuda::DevMat* next) {
@@ -565,7 +592,7 @@ void CudaBackend::mlp_layer(const Layer& L, const cuda::DevMat* next) {
                         act_for(L.w_gate, bf16_input_));
     written(ffg_.f());
     cuda::prof_label("mlp down");
-    lin(L.w_down, ffg_.f(), T, out_.f(), sum);
+    lin_residual(L.w_down, ffg_.f(), sum, L.alpha, next);
   } else if (fuse_int8_ && T == 1 && cuda::int8_decode(L.w_down) &&
              (!L.w_down.col_scale || cuda::q8_col_in_kernel(L.w_down, T))) {
     // Int8 decode: swiglu and the down product's quantizing in one many-block launch, the
@@ -576,15 +603,14 @@ void CudaBackend::mlp_layer(const Layer& L, const cuda::DevMat* next) {
     cuda::swiglu_quant(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, c.ffn,
                        quant_for(&L.w_down, ffg_.f(), T), sum);
     cuda::prof_label("mlp down");
-    lin(L.w_down, ffg_.f(), T, out_.f(), sum);
+    lin_residual(L.w_down, ffg_.f(), sum, L.alpha, next);
   } else {
     lin_multi({L.w_gate, L.w_up}, {ffg_.f(), ffu_.f()}, x_.f(), T);
     cuda::swiglu_norm(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, T, c.ffn,
                       quant_for(&L.w_down, ffg_.f(), T));
     cuda::prof_label("mlp down");
-    lin(L.w_down, ffg_.f(), T, out_.f());
+    lin_residual(L.w_down, ffg_.f(), nullptr, L.alpha, next);
   }
-  cuda::ngpt_residual(x_.f(), out_.f(), L.alpha, T, c.hidden, quant_for(next, x_.f(), T));
 }
 
 void CudaBackend::steps(std::span<const Step> plan) {

@@ -117,7 +117,13 @@ class CudaBackend final : public Backend {
   void written(const float* buf);
   void reserve(int64_t T);
   // A product with its input taken as the CPU backend takes it (kernels.h: Act).
-  void lin(const cuda::DevMat& w, const float* x, int T, float* y, const double* in_sum = nullptr);
+  void lin(const cuda::DevMat& w, const float* x, int T, float* y, const double* in_sum = nullptr,
+           const cuda::Residual* res = nullptr);
+  // The product that ends a layer (attn o, mlp down), then the layer's nGPT residual into x_
+  // (quantized for `next`): in the product's epilogue where it can (fuse_resid_), else the
+  // row kernel after it.
+  void lin_residual(const cuda::DevMat& w, const float* in, const double* in_sum,
+                    const float* alpha, const cuda::DevMat* next);
   // A zeroed double for a decode fusion's sum of squares (sums_, reset each pass).
   double* next_sum();
   // Products of one input (q/k/v/g, gate/up) in as few launches as their types allow.
@@ -164,6 +170,10 @@ class CudaBackend final : public Backend {
   // The int8 types' decode fusions (gate in attention, swiglu_quant, norms from sums; Q8_0
   // decode +15% on an H100): DORY_CUDA_FUSE_INT8=0 turns them off, DORY_CUDA_FUSE=0 too.
   bool fuse_int8_ = true;
+  // The residual in the decode products' epilogue (DORY_CUDA_FUSE_RESID=1; off until it has
+  // run on a GPU), its ticket counter.
+  bool fuse_resid_ = false;
+  cuda::DevBuf res_cnt_;
 };
 
 }  // namespace dory

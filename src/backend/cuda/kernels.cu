@@ -147,7 +147,62 @@ struct LinJob {
   // ColQ): the float input and each matrix's column scales.
   const float* xf = nullptr;
   const float* col[4] = {};
+  // Decode: the layer's nGPT residual by the last warp to finish (kernels.h, Residual).
+  Residual res;
 };
+
+// The product's last warp (a ticket per warp that stored rows, job.res.counter) mixes the
+// residual: x <- normalize(normalize(x) + alpha (normalize(y) - normalize(x))), y the whole
+// output row, then the quants for the next product; k_ngpt_residual's arithmetic, one warp.
+// (Its arguments by value: a kernel parameter passed by reference would be copied to the
+// stack of every product kernel.)
+__device__ __noinline__ void residual_tail(float* x, const float* a, int B, int8_t* q, float* d,
+                                           unsigned* counter, const float* y, int64_t n,
+                                           unsigned warps) {
+  const int lane = threadIdx.x % 32;
+  __threadfence();  // this warp's rows (lane 0 stored them) before its ticket
+  unsigned ticket = 0;
+  if (lane == 0) ticket = atomicAdd(counter, 1u);
+  ticket = __shfl_sync(0xffffffffu, ticket, 0);
+  if (ticket + 1 != warps) return;
+  __threadfence();  // every other warp's rows, seen here
+  double sx = 0, sy = 0;
+  for (int64_t i = lane; i < n; i += 32) {
+    const float xv = __ldcg(x + i), yv = __ldcg(y + i);
+    sx += static_cast<double>(xv) * xv;
+    sy += static_cast<double>(yv) * yv;
+  }
+  const float ix = static_cast<float>(1.0 / sqrt(warp_sum_d(sx) + 1e-6));
+  const float iy = static_cast<float>(1.0 / sqrt(warp_sum_d(sy) + 1e-6));
+  double ss = 0;
+  for (int64_t i = lane; i < n; i += 32) {
+    const float xn = __ldcg(x + i) * ix, yn = __ldcg(y + i) * iy;
+    const float v = xn + a[i] * (yn - xn);
+    x[i] = v;
+    ss += static_cast<double>(v) * v;
+  }
+  const float inv = static_cast<float>(1.0 / sqrt(warp_sum_d(ss) + 1e-6));
+  for (int64_t i = lane; i < n; i += 32) x[i] *= inv;
+  __syncwarp();  // the lanes' values, for the quants across them
+  if (B == 32) {  // a lane a block (warp_quant_block's arithmetic)
+    for (int64_t b = lane; b < n / 32; b += 32) {
+      const float* xb = x + b * 32;
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
+      const float dd = amax / 127.0f;
+      const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+      for (int j = 0; j < 32; ++j) {
+        int v = __float2int_rn(xb[j] * id);
+        v = v > 127 ? 127 : v < -127 ? -127 : v;
+        q[b * 32 + j] = static_cast<int8_t>(v);
+      }
+      d[b] = dd;
+    }
+  } else if (B > 0) {
+    for (int64_t b = 0; b < n / B; ++b) warp_quant_block(x + b * B, B, q + b * B, d + b);
+  }
+  if (lane == 0) *counter = 0;  // for the next launch (stream order)
+}
 
 // Which matrix, first row and row count the warp gw takes; false past the last.
 __device__ __forceinline__ bool job_rows(const LinJob& job, int R, int64_t gw, int* m, int64_t* r0,
@@ -181,6 +236,9 @@ __device__ __forceinline__ void store_rows(const LinJob& job, float (&acc)[R][NT
       if (lane == 0 && rr < nr && j < nt)
         job.y[m][static_cast<int64_t>(t0 + j) * job.rows[m] + r0 + rr] = v;
     }
+  if (job.res.counter)
+    residual_tail(job.res.x, job.res.alpha, job.res.qo.B, job.res.qo.q, job.res.qo.d, job.res.counter,
+                  job.y[0], job.rows[0], static_cast<unsigned>(job.wend[job.n - 1]));
 }
 
 __device__ __forceinline__ float round_bf16(float v) {
@@ -2161,8 +2219,14 @@ void repack_q6_k(const void* src, int64_t rows, int64_t cols, void* dst) {
 }
 
 void linear(const DevMat& w, const float* x, int T, float* y, Act act, void* scratch,
-            bool x_ready, const double* in_sum) {
-  linear_multi(&w, &y, 1, x, T, act, scratch, x_ready, in_sum);
+            bool x_ready, const double* in_sum, const Residual* res) {
+  linear_multi(&w, &y, 1, x, T, act, scratch, x_ready, in_sum, res);
+}
+
+bool residual_fusable(const DevMat& w, int T) {
+  // The products whose epilogue is store_rows: k_lin_half (one row) and the int8 kernels
+  // (not the tensor-core ones, from 16 rows); q8_2f only where it quantizes in the product.
+  return T == 1 && (half_decode(w) || int8_decode(w)) && (!w.col_scale || q8_col_in_kernel(w, T));
 }
 
 bool half_decode(const DevMat& w) {
@@ -2200,9 +2264,11 @@ void linear_swiglu(const DevMat& gate, const DevMat& up, const float* x, float* 
 }
 
 void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int T, Act act,
-                  void* scratch, bool x_ready, const double* in_sum) {
+                  void* scratch, bool x_ready, const double* in_sum, const Residual* res) {
   if (T <= 0 || n <= 0) return;
   if (n > 4) throw Error("linear_multi: at most 4 matrices");
+  if (res && (n != 1 || !residual_fusable(ws[0], T) || !res->counter))
+    throw Error("linear: a fused residual is for one decode product that residual_fusable takes");
   const int t = ws[0].dtype;
   const int64_t cols = ws[0].cols;
   const bool quant = t == kQ8_0 || t == kQ4_0 || t == kQ4_K || t == kQ5_K || t == kQ6_K;
@@ -2216,6 +2282,7 @@ void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int
   job.cols = cols;
   job.n = n;
   job.in_sum = in_sum;
+  if (res) job.res = *res;
   if (in_sum && !((half || quant) && T == 1))
     throw Error("linear: an input normalised in the product is for BF16/F16 and int8 decode rows only");
   int64_t warps = 0;

@@ -78,8 +78,21 @@ bool set_cublas(bool on);
 // in_sum (T = 1 only; BF16/F16 and the int8 types): x is a row still to be normalised, sum x^2
 // at in_sum; the product takes x / sqrt(sum + 1e-6) (normalize_rows' function): BF16/F16 in
 // its loads, the int8 types by scaling the sums (quantization is scale-invariant).
+// The nGPT residual of the layer a decode product ends (ngpt_residual's function on x, the
+// product's output as y, then the quants for the next product as qo says), done in that
+// product's epilogue by the last warp to finish (`counter`: a zero uint, left zero), so the
+// row kernel's launch goes. For one input row of BF16/F16 (half_decode) or int8 weights
+// (q8_2f where it quantizes in the product) whose output is the whole row of x.
+struct Residual {
+  float* x = nullptr;
+  const float* alpha = nullptr;
+  QOut qo;
+  unsigned* counter = nullptr;
+};
+bool residual_fusable(const DevMat& w, int T);
 void linear(const DevMat& w, const float* x, int T, float* y, Act act = Act::Float,
-            void* scratch = nullptr, bool x_ready = false, const double* in_sum = nullptr);
+            void* scratch = nullptr, bool x_ready = false, const double* in_sum = nullptr,
+            const Residual* res = nullptr);
 // Whether w takes the decode fusions (in_sum, linear_swiglu): BF16/F16, width a multiple of 8.
 bool half_decode(const DevMat& w);
 // Decode (one input row) gate/up in one launch with swiglu in its epilogue: v = silu((gate.x)
@@ -91,7 +104,7 @@ void linear_swiglu(const DevMat& gate, const DevMat& up, const float* x, float* 
 // their type and width (the input is taken once).
 void linear_multi(const DevMat* ws, float* const* ys, int n, const float* x, int T,
                   Act act = Act::Float, void* scratch = nullptr, bool x_ready = false,
-                  const double* in_sum = nullptr);
+                  const double* in_sum = nullptr, const Residual* res = nullptr);
 // Bytes of Q8_0 / Q4_0 blocks repacked as DevMat says (quants, then f16 scales).
 void repack_blocks(int dtype, const void* src, int64_t rows, int64_t cols, void* dst);
 // Q6_K blocks repacked as DevMat says: every block's 192 bytes of quants (ql, qh) end to end,
