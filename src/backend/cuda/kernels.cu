@@ -2510,19 +2510,22 @@ void attention_decode(float* q, const float* k, const float* v, const float* q_s
          nk, hd, S, out, part, counters, fa);
 }
 
-// The staging scratch of flash attention (k_kv_stage): grown on demand, never while a graph is
-// captured; nullptr where it cannot be had (the unstaged kernel runs instead).
+// The staging scratch of flash attention (k_kv_stage): one for the process, grown on demand,
+// never while a graph is captured; nullptr where it cannot be had (the unstaged kernel runs
+// instead). Several backends (each its own stream) share it: each use waits for the last
+// (g_stage_done, recorded after every staged launch).
 void* g_stage = nullptr;
 size_t g_stage_bytes = 0;
+cudaEvent_t g_stage_done = nullptr;
 constexpr size_t kStageMax = size_t(1) << 30;
 
 void* stage_scratch(size_t bytes) {
-  if (bytes <= g_stage_bytes) return g_stage;
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   if (bytes > kStageMax || cudaStreamIsCapturing(g_stream, &cs) != cudaSuccess ||
       cs != cudaStreamCaptureStatusNone)
     return nullptr;
-  const cudaError_t e = cudaStreamSynchronize(g_stream);  // the old scratch may be in use
+  if (bytes <= g_stage_bytes) return g_stage;
+  const cudaError_t e = cudaDeviceSynchronize();  // the old scratch may be in use on any stream
   if (e != cudaSuccess) throw Error(std::string("CUDA: flash staging: ") + cudaGetErrorString(e));
   if (g_stage) cudaFree(g_stage);
   g_stage = nullptr, g_stage_bytes = 0;
@@ -2569,11 +2572,17 @@ void flash_run(const float* q, const AttnRow* rows, int T, int nh, int nk, float
   }
   uint16_t* kst = static_cast<uint16_t*>(st);
   uint16_t* vst = kst + static_cast<size_t>(nk) * ncap * kFaN * HD;
+  if (!g_stage_done && cudaEventCreateWithFlags(&g_stage_done, cudaEventDisableTiming) != cudaSuccess)
+    throw Error("CUDA: flash staging: cudaEventCreate failed");
+  if (cudaStreamWaitEvent(g_stream, g_stage_done, 0) != cudaSuccess)  // another stream's last use
+    throw Error("CUDA: flash staging: cudaStreamWaitEvent failed");
   prof_mark("attention (staging K/V)");
   launch("flash staging", k_kv_stage<HD, F16>, dim3(static_cast<unsigned>(ncap), nk), dim3(256), 0,
          rows, T, nk, kst, vst, ncap);
   prof_mark("attention (tensor cores)");
   flash_launch<HD, F16, WN, true>(q, rows, T, nh, nk, out, kst, vst, ncap);
+  if (cudaEventRecord(g_stage_done, g_stream) != cudaSuccess)
+    throw Error("CUDA: flash staging: cudaEventRecord failed");
 }
 
 bool flash_attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int hd,
