@@ -237,6 +237,8 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
   fuse_int8_ = fuse_int8_ && fuse_;
   if (const char* f = std::getenv("DORY_CUDA_FUSE_RESID")) fuse_resid_ = std::string(f) == "1";
   fuse_resid_ = fuse_resid_ && fuse_;
+  if (const char* f = std::getenv("DORY_CUDA_FUSE_ATTQ")) fuse_attq_ = std::string(f) == "1";
+  fuse_attq_ = fuse_attq_ && fuse_int8_;
   res_cnt_ = cuda::DevBuf(sizeof(unsigned));
   ck(cudaMemset(res_cnt_.get(), 0, res_cnt_.size()), "residual counter");
   // DORY_CUDA_GRAPHS=0: every launch on its own (to compare, or to debug a kernel).
@@ -561,17 +563,27 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
   double* gsum = fuse_ && T == 1 && (cuda::half_decode(L.wo) || (fuse_int8_ && cuda::int8_decode(L.wo)))
                      ? next_sum()
                      : nullptr;
+  bool gsum_quant = false;  // attention also quantized its output for the o product
   if (fuse_ && T == 1) {
+    // An int8 o product's quants written by attention's blocks, a head each (the quant blocks
+    // must tile a head); the bookkeeping says the scratch holds att_'s form.
+    cuda::QOut aq;
+    if (fuse_attq_ && gsum && cuda::int8_decode(L.wo) && !L.wo.col_scale) {
+      const cuda::Act a = act_for(L.wo, bf16_input_);
+      const int B = a == cuda::Act::Block32 ? 32 : a == cuda::Act::Block256 ? 256 : 0;
+      if (B && hd % B == 0) aq = quant_for(&L.wo, att_.f(), T);
+    }
     cuda::attention_decode(q_.f(), k_.f(), v_.f(), L.q_scale, dr, nh, nk, hd, rd / 2, theta, rd,
                            att_.f(), part_.f(), static_cast<int*>(cnt_.get()), g_.f(),
-                           L.gate_scale, gsum, decode_keys(L.kind == 'S'));
+                           L.gate_scale, gsum, decode_keys(L.kind == 'S'), aq);
+    if (aq.B) gsum_quant = true;
   } else {
     cuda::qk_prepare(q_.f(), k_.f(), v_.f(), L.q_scale, dr, T, nh, nk, hd, rd / 2, theta, rd);
     if (!one_run_ || !cuda::flash_attention(q_.f(), dr, T, nh, nk, hd, att_.f(), pos_[T - 1] + 1))
       cuda::attention(q_.f(), dr, T, nh, nk, hd, att_.f(), part_.f(), static_cast<int*>(cnt_.get()));
   }
   if (gsum) {
-    written(att_.f());
+    if (!gsum_quant) written(att_.f());
   } else {
     cuda::gate_norm(att_.f(), g_.f(), L.gate_scale, T, c.n_head * c.head_dim,
                     quant_for(&L.wo, att_.f(), T));

@@ -173,6 +173,9 @@ class CudaBackend final : public Backend {
   // The residual in the decode products' epilogue (DORY_CUDA_FUSE_RESID=1; off until it has
   // run on a GPU), its ticket counter.
   bool fuse_resid_ = false;
+  // An int8 o product's input quantized by decode attention itself (DORY_CUDA_FUSE_ATTQ=1;
+  // off until it has run on a GPU): its quantizing launch goes.
+  bool fuse_attq_ = false;
   cuda::DevBuf res_cnt_;
 };
 

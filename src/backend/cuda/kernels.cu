@@ -1366,6 +1366,10 @@ struct FuseArgs {
   const float* g = nullptr;
   const float* gs = nullptr;
   double* sum = nullptr;
+  // When qo.B is set: each head's output (the row not yet normalised: int8 quantization is
+  // scale-invariant) quantized for the o product by the block that writes it, blocks of qo.B
+  // within the head (hd a multiple of qo.B), so the o product's own quantizing launch goes.
+  QOut qo;
 };
 
 // An attention block's output element j of head row th, gated when fa asks.
@@ -1515,6 +1519,7 @@ __global__ void __launch_bounds__(32 * kAttWarps)
       ss = block_sum_d(ss);
       if (threadIdx.x == 0) atomicAdd(fa.sum, ss);
     }
+    if (Fused) block_quant_row(out + th * hd, hd, fa.qo, th);
     return;
   }
   if (threadIdx.x == 0) {
@@ -1555,6 +1560,7 @@ __global__ void __launch_bounds__(32 * kAttWarps)
     sj = block_sum_d(sj);
     if (threadIdx.x == 0) atomicAdd(fa.sum, sj);
   }
+  if (Fused) block_quant_row(out + th * hd, hd, fa.qo, th);
   if (threadIdx.x == 0) counters[th] = 0;
 }
 
@@ -2496,15 +2502,17 @@ void attention(const float* q, const AttnRow* rows, int T, int nh, int nk, int h
 void attention_decode(float* q, const float* k, const float* v, const float* q_scale,
                       const AttnRow* rows, int nh, int nk, int hd, int half, double theta,
                       int rotary_dims, float* out, float* part, int* counters, const float* g,
-                      const float* gate_scale, double* sum, int64_t keys) {
+                      const float* gate_scale, double* sum, int64_t keys, QOut qo) {
   if (hd > 32 * kMaxDimsPerLane)
     throw Error("--device cuda: head dimension " + std::to_string(hd) + " is over 512");
+  if (qo.B && hd % qo.B != 0) throw Error("attention_decode: quant blocks must tile a head");
   const int S = attention_splits(1, nh, keys);
   const size_t smem = (kAttWarps * hd + 2 * kAttWarps + 3 * hd) * sizeof(float);
   FuseArgs fa;
   fa.k = k, fa.v = v, fa.q_scale = q_scale, fa.half = half, fa.rotary_dims = rotary_dims;
   fa.theta = theta;
   fa.g = g, fa.gs = gate_scale, fa.sum = sum;
+  fa.qo = qo;
   prof_mark(sum ? "attention (+ qk_prepare, gate)" : "attention (+ qk_prepare)");
   launch("attention", k_attention<true>, dim3(1, nh, S), dim3(32 * kAttWarps), smem, q, rows, nh,
          nk, hd, S, out, part, counters, fa);

@@ -146,12 +146,14 @@ void set_flash_stage(bool on);
 // One decode row (T = 1): qk_prepare and attention in one launch (the row's own key and value
 // used from the block's shared memory, written to the cache for the tokens after it). With
 // `sum` set, also the output gate: out * sigmoid(g * gate_scale), its squares added to *sum
-// (zero before): gate_norm less the scaling, which the o product takes through in_sum.
+// (zero before): gate_norm less the scaling, which the o product takes through in_sum. With
+// qo.B set (a divisor of hd), each head's output also quantized into qo for an int8 o product
+// (k_quant_act's function on the same values), by the block that writes it.
 void attention_decode(float* q, const float* k, const float* v, const float* q_scale,
                       const AttnRow* rows, int nh, int nk, int hd, int half, double theta,
                       int rotary_dims, float* out, float* part, int* counters,
                       const float* g = nullptr, const float* gate_scale = nullptr,
-                      double* sum = nullptr, int64_t keys = 0);
+                      double* sum = nullptr, int64_t keys = 0, QOut qo = {});
 // Blocks a row's keys are split over: 2 x SMs / (T x nh), and 32 for a decode row (T = 1)
 // of 1,024 keys or more. attention_decode's `keys`: the
 // most keys the row attends (0: unknown); a decode graph is captured per split count.
