@@ -10,10 +10,12 @@
 //     full and sliding windows, ring caches, rows not starting at 0, against a double
 //     softmax: the CUDA-core kernel in float (tight), flash with q, k, v rounded to bf16 as
 //     it rounds them and P rounded to bf16 in its products (bound below), and flash with P
-//     and V in fp16 (cuda::set_flash_f16, the default; DORY_CUDA_FLASH_F16=0: bf16);
+//     and V in fp16 (cuda::set_flash_f16, the default; DORY_CUDA_FLASH_F16=0: bf16), each
+//     with the keys staged once a pass (cuda::set_flash_stage) and converted per tile;
 //   - Q8_0 / Q4_0 / Q4_K prompts on int8 tensor cores (mma m16n8k32 s8), the same integer sums;
 //   - the int8 decode fusions: a product whose input's norm comes from a sum (in_sum), and
-//     swiglu_quant (swiglu, the int8 quants of the result, its sum of squares).
+//     swiglu_quant (swiglu, the int8 quants of the result, its sum of squares), and the nGPT
+//     residual in a decode product's epilogue (cuda::Residual) against the row kernel.
 // Exit 0: all within bounds; 1: a failure (each case prints its error); 77: no CUDA device
 // (ctest lists the test as skipped). Run: build/test_cuda_kernels (ctest -L gpu).
 #include <cuda_runtime.h>
@@ -109,7 +111,7 @@ cuda::DevMat upload_mat(DType t, const std::vector<uint8_t>& blocks, int64_t row
 }
 
 const char* g_variant = "";  // appended to the product cases' labels (e.g. ", ldmatrix")
-bool g_unstaged = false;     // attention cases: flash without the staged keys (keys not given)
+bool g_unstaged = false;     // attention cases: flash converting each tile per block (set_flash_stage off)
 
 void product_case(DType t, int64_t rows, int64_t cols, int T, std::mt19937& rng) {
   std::normal_distribution<float> N(0.0f, 1.0f);
