@@ -71,13 +71,6 @@ void set_tc2(bool on);
 // DORY_CUDA_CUBLAS=0 turns it off, =1 makes a failed load an error). Returns false when asked
 // on and cuBLAS cannot be loaded.
 bool set_cublas(bool on);
-// Y[t*rows + r] = W[r] . X[t*cols] for t < T, the input taken as `act` says. Bf16 rounds in
-// the product's own loads; Block32/Block256 quantize the input to int8 and a float scale per
-// block into `scratch` (T x cols x 4 bytes is enough) and the product takes integer dot
-// products (dp4a) of those with the weights' quants, as the CPU's integer kernels do.
-// in_sum (T = 1 only; BF16/F16 and the int8 types): x is a row still to be normalised, sum x^2
-// at in_sum; the product takes x / sqrt(sum + 1e-6) (normalize_rows' function): BF16/F16 in
-// its loads, the int8 types by scaling the sums (quantization is scale-invariant).
 // The nGPT residual of the layer a decode product ends (ngpt_residual's function on x, the
 // product's output as y, then the quants for the next product as qo says), done in that
 // product's epilogue by the last warp to finish (`counter`: a zero uint, left zero), so the
@@ -90,6 +83,14 @@ struct Residual {
   unsigned* counter = nullptr;
 };
 bool residual_fusable(const DevMat& w, int T);
+// Y[t*rows + r] = W[r] . X[t*cols] for t < T, the input taken as `act` says. Bf16 rounds in
+// the product's own loads; Block32/Block256 quantize the input to int8 and a float scale per
+// block into `scratch` (T x cols x 4 bytes is enough) and the product takes integer dot
+// products (dp4a) of those with the weights' quants, as the CPU's integer kernels do.
+// in_sum (T = 1 only; BF16/F16 and the int8 types): x is a row still to be normalised, sum x^2
+// at in_sum; the product takes x / sqrt(sum + 1e-6) (normalize_rows' function): BF16/F16 in
+// its loads, the int8 types by scaling the sums (quantization is scale-invariant). res (T = 1,
+// residual_fusable): the layer's residual in the epilogue (above).
 void linear(const DevMat& w, const float* x, int T, float* y, Act act = Act::Float,
             void* scratch = nullptr, bool x_ready = false, const double* in_sum = nullptr,
             const Residual* res = nullptr);
