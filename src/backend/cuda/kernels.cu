@@ -81,18 +81,24 @@ __device__ __forceinline__ void pdl_launch() {
 
 // The CPU's quantize_block on B floats by one warp (d = max|x| / 127, q = round to nearest
 // even of x / d): int8 quants to q, the scale to *d.
+// That arithmetic, for every int8 quantizer here: the reciprocal of a block's scale d, and one
+// quant (round to nearest even of x / d, clamped to +-127).
+__device__ __forceinline__ float quant_inv(float dd) {
+  return dd != 0.0f ? 1.0f / dd : 0.0f;
+}
+__device__ __forceinline__ int quant_one(float x, float id) {
+  const int v = __float2int_rn(x * id);
+  return v > 127 ? 127 : v < -127 ? -127 : v;
+}
+
 __device__ __forceinline__ void warp_quant_block(const float* xb, int B, int8_t* q, float* d) {
   const int lane = threadIdx.x % 32;
   float amax = 0.0f;
   for (int j = lane; j < B; j += 32) amax = fmaxf(amax, fabsf(xb[j]));
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float dd = amax / 127.0f;
-  const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-  for (int j = lane; j < B; j += 32) {
-    int v = __float2int_rn(xb[j] * id);
-    v = v > 127 ? 127 : v < -127 ? -127 : v;
-    q[j] = static_cast<int8_t>(v);
-  }
+  const float id = quant_inv(dd);
+  for (int j = lane; j < B; j += 32) q[j] = static_cast<int8_t>(quant_one(xb[j], id));
   if (lane == 0) *d = dd;
 }
 
@@ -190,12 +196,8 @@ __device__ __noinline__ void residual_tail(float* x, const float* a, int B, int8
       float amax = 0.0f;
       for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
       const float dd = amax / 127.0f;
-      const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-      for (int j = 0; j < 32; ++j) {
-        int v = __float2int_rn(xb[j] * id);
-        v = v > 127 ? 127 : v < -127 ? -127 : v;
-        q[b * 32 + j] = static_cast<int8_t>(v);
-      }
+      const float id = quant_inv(dd);
+      for (int j = 0; j < 32; ++j) q[b * 32 + j] = static_cast<int8_t>(quant_one(xb[j], id));
       d[b] = dd;
     }
   } else if (B > 0) {
@@ -415,17 +417,13 @@ __device__ __forceinline__ void col_quant16(const float* __restrict__ x, const f
   for (int e = 0; e < 16; ++e) amax = fmaxf(amax, fabsf(v[e]));
   amax = fmaxf(amax, __shfl_xor_sync(3u << (lane & 30), amax, 1));
   const float dd = amax / 127.0f;
-  const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+  const float id = quant_inv(dd);
   int w[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     w[i] = 0;
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      int q = __float2int_rn(v[4 * i + b] * id);
-      q = q > 127 ? 127 : q < -127 ? -127 : q;
-      w[i] |= (q & 0xff) << (8 * b);
-    }
+    for (int b = 0; b < 4; ++b) w[i] |= (quant_one(v[4 * i + b], id) & 0xff) << (8 * b);
   }
   *a = make_int4(w[0], w[1], w[2], w[3]);
   *d = dd;
@@ -946,6 +944,14 @@ __device__ __forceinline__ uint32_t pack_f16(float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// A value as flash attention's P V takes it: fp16 saturated at its largest value (F16), else
+// bf16 (both the per-tile conversion and k_kv_stage).
+template <bool F16>
+__device__ __forceinline__ std::conditional_t<F16, __half, __nv_bfloat16> fa_value(float v) {
+  if constexpr (F16) return __float2half_rn(fminf(fmaxf(v, -65504.f), 65504.f));
+  else return __float2bfloat16_rn(v);
+}
+
 // F16: P and V in fp16 for O += P V (P lies in [0, 1]; fp16 keeps 3 more bits than bf16; V
 // saturates at fp16's largest value rather than turning into inf); Q K^T stays bf16 (a
 // query's range is the model's). The default since it ran on an H100 (built-in model, default
@@ -1053,33 +1059,26 @@ __global__ void __launch_bounds__(32 * WN)
       cp_async_commit();
       cp_async_wait<0>();
     } else {
-    __nv_bfloat16* Kw = kbuf(0);
-    VT* Vt = vbuf(0);
-    for (int i = tid; i < kFaN * HD / 4; i += NT) {
-      const int key = i % kFaN, c4 = i / kFaN;
-      const int64_t p = kb + key;
-      float4 kv = make_float4(0, 0, 0, 0), vv = kv;
-      if (p <= kend) {
-        const int64_t slot = r0.ring ? p % r0.ring : p;
-        kv = *reinterpret_cast<const float4*>(r0.k + slot * w + kvh * HD + c4 * 4);
-        vv = *reinterpret_cast<const float4*>(r0.v + slot * w + kvh * HD + c4 * 4);
+      __nv_bfloat16* Kw = kbuf(0);
+      VT* Vw = vbuf(0);
+      for (int i = tid; i < kFaN * HD / 4; i += NT) {
+        const int key = i % kFaN, c4 = i / kFaN;
+        const int64_t p = kb + key;
+        float4 kv = make_float4(0, 0, 0, 0), vv = kv;
+        if (p <= kend) {
+          const int64_t slot = r0.ring ? p % r0.ring : p;
+          kv = *reinterpret_cast<const float4*>(r0.k + slot * w + kvh * HD + c4 * 4);
+          vv = *reinterpret_cast<const float4*>(r0.v + slot * w + kvh * HD + c4 * 4);
+        }
+        uint2 pk;
+        pk.x = pack_bf16(kv.x, kv.y);
+        pk.y = pack_bf16(kv.z, kv.w);
+        *reinterpret_cast<uint2*>(Kw + key * QS + c4 * 4) = pk;
+        Vw[(c4 * 4 + 0) * VS + key] = fa_value<F16>(vv.x);
+        Vw[(c4 * 4 + 1) * VS + key] = fa_value<F16>(vv.y);
+        Vw[(c4 * 4 + 2) * VS + key] = fa_value<F16>(vv.z);
+        Vw[(c4 * 4 + 3) * VS + key] = fa_value<F16>(vv.w);
       }
-      uint2 pk;
-      pk.x = pack_bf16(kv.x, kv.y);
-      pk.y = pack_bf16(kv.z, kv.w);
-      *reinterpret_cast<uint2*>(Kw + key * QS + c4 * 4) = pk;
-      if constexpr (F16) {
-        Vt[(c4 * 4 + 0) * VS + key] = __float2half_rn(fminf(fmaxf(vv.x, -65504.f), 65504.f));
-        Vt[(c4 * 4 + 1) * VS + key] = __float2half_rn(fminf(fmaxf(vv.y, -65504.f), 65504.f));
-        Vt[(c4 * 4 + 2) * VS + key] = __float2half_rn(fminf(fmaxf(vv.z, -65504.f), 65504.f));
-        Vt[(c4 * 4 + 3) * VS + key] = __float2half_rn(fminf(fmaxf(vv.w, -65504.f), 65504.f));
-      } else {
-        Vt[(c4 * 4 + 0) * VS + key] = __float2bfloat16_rn(vv.x);
-        Vt[(c4 * 4 + 1) * VS + key] = __float2bfloat16_rn(vv.y);
-        Vt[(c4 * 4 + 2) * VS + key] = __float2bfloat16_rn(vv.z);
-        Vt[(c4 * 4 + 3) * VS + key] = __float2bfloat16_rn(vv.w);
-      }
-    }
     }
     __syncthreads();
     const VT* Vt = vbuf(b);
@@ -1206,15 +1205,8 @@ __global__ void __launch_bounds__(256)
     const float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      uint16_t bits;
-      if constexpr (F16) {
-        const __half hv = __float2half_rn(fminf(fmaxf(e[j], -65504.f), 65504.f));
-        bits = *reinterpret_cast<const uint16_t*>(&hv);
-      } else {
-        const __nv_bfloat16 bv = __float2bfloat16_rn(e[j]);
-        bits = *reinterpret_cast<const uint16_t*>(&bv);
-      }
-      vt[(c4 * 4 + j) * kFaN + key] = bits;
+      const auto hv = fa_value<F16>(e[j]);
+      vt[(c4 * 4 + j) * kFaN + key] = *reinterpret_cast<const uint16_t*>(&hv);
     }
   }
 }
