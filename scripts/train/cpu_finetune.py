@@ -80,9 +80,7 @@ def main():
     print(f"{len(stream):,} training tokens", flush=True)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    model = Dory(train.CONFIG)
-    sd = train.read_safetensors(os.path.join(args.init, "model.safetensors"))
-    model.load_state_dict({k: v.float() for k, v in sd.items()})
+    model = train.load_weights(Dory(train.CONFIG), args.init)
     model.p_drop = args.dropout
     model.train()
     aux_at = {int(k): float(w) for k, w in (x.split(":") for x in args.aux_at.split(",") if x)}

@@ -37,9 +37,7 @@ def main():
     W = 512  # a multiple of the sliding window (the training code's full-sequence attention)
     n = min(args.windows, len(ids) // (W + 1))
     rows = torch.as_tensor(ids[: n * (W + 1)].reshape(n, W + 1))
-    model = Dory(train.CONFIG)
-    sd = train.read_safetensors(os.path.join(args.model, "model.safetensors"))
-    model.load_state_dict({k: v.float() for k, v in sd.items()})
+    model = train.load_weights(Dory(train.CONFIG), args.model)
     model.eval()
     taus = (0.9, 1.0, 1.1, 1.2)
     nll = {}

@@ -291,6 +291,17 @@ def read_safetensors(path):
     return out
 
 
+def load_weights(model, model_dir, what=None):
+    """A model directory's model.safetensors into `model` as float32 (the same config: a tensor
+    missing or extra on either side stops with one line naming `what`, default the directory)."""
+    sd = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    missing = set(model.state_dict()) ^ set(sd)
+    if missing:
+        sys.exit(f"{what or model_dir}: tensors differ from the model's: {sorted(missing)[:5]}")
+    model.load_state_dict({k: v.float() for k, v in sd.items()})
+    return model
+
+
 def write_safetensors(path, tensors):
     """Minimal safetensors writer (bf16 and f32), header padded to 8 bytes."""
     header, blobs, off = {}, [], 0
@@ -667,11 +678,7 @@ def main():
     model.init_weights(generator=g)
     if args.init:
         # Go on from an earlier run's exported weights (bf16; same config and tokenizer).
-        sd = read_safetensors(os.path.join(args.init, "model.safetensors"))
-        missing = set(model.state_dict()) ^ set(sd)
-        if missing:
-            sys.exit(f"--init {args.init}: tensors differ from the model's: {sorted(missing)[:5]}")
-        model.load_state_dict({k: v.float() for k, v in sd.items()})
+        load_weights(model, args.init, f"--init {args.init}")
         log(f"weights from {args.init}")
     model.p_drop = args.dropout
     n_params = sum(p.numel() for p in model.parameters())
