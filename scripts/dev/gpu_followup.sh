@@ -7,6 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp}
 L=$OUT/followup.txt
+source scripts/dev/gpu_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $L
 python3 scripts/make_checkpoint.py --out /tmp/dory4b --preset 4b --quiet & ck=$!
 timeout 100 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1
@@ -17,12 +18,12 @@ DORY_BIN=build/dory timeout 200 python3 tests/gpu/test_gpu.py -v $TESTS > $OUT/g
 grep -E "skill dynamic|agreement|^Ran|^OK|FAIL|Error|error" $OUT/gpu_tests.txt | tail -20 | tee -a $L
 wait $ck
 for p in 512 4096; do
-  echo "bf16 defaults $(build/dory bench --device cuda -m /tmp/dory4b -p $p -n 0 -r 1 2>&1 | grep -E '\| pp|rror')" | tee -a $L
+  bench_line "bf16 defaults" "" -m /tmp/dory4b -p $p -n 0 -r 1
 done
 # The flash kernel with 8 warps (128 query rows a block) against the default 4, alternated.
 for r in 1 2; do
   for fw in 4 8; do
-    echo "flash warps $fw round $r $(DORY_CUDA_FLASH_WARPS=$fw build/dory bench --device cuda -m /tmp/dory4b -p 4096 -n 0 -r 1 2>&1 | grep -E '\| pp|rror')" | tee -a $L
+    bench_line "flash warps $fw round $r" DORY_CUDA_FLASH_WARPS=$fw -m /tmp/dory4b -p 4096 -n 0 -r 1
   done
 done
 DORY_CUDA_FLASH_WARPS=8 timeout 100 build/tests/test_cuda_kernels > $OUT/kernels_fw8.txt 2>&1
@@ -33,7 +34,7 @@ DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m /tmp/dory4b -p 4096 -n 0 -
 build/dory quantize /tmp/dory4b /tmp/q4.gguf --type q4_k_m -q
 for sp in "" 32; do
   for d in 0 4096; do
-    echo "q4 splits ${sp:-default} d$d $(DORY_CUDA_ATT_SPLITS=$sp build/dory bench --device cuda -m /tmp/q4.gguf -p 0 -n 64 -r 2 -d $d 2>&1 | grep -E '\| tg|rror')" | tee -a $L
+    bench_line "q4 splits ${sp:-default} d$d" "DORY_CUDA_ATT_SPLITS=$sp" -m /tmp/q4.gguf -p 0 -n 64 -r 2 -d $d
   done
 done
 # CMF=1: scripts/dev/gpu_cmf.sh (the CMF dtypes' decode against the ggml types they run as,

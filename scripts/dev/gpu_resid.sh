@@ -11,8 +11,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp}
 L=$OUT/resid.txt
-[ -e /tmp/dory4b/config.json ] || python3 scripts/make_checkpoint.py --out /tmp/dory4b --preset 4b --quiet
-[ -e $OUT/kernels.txt ] || timeout 150 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1
+source scripts/dev/gpu_lib.sh
+need_4b
+need_kernel_test
 grep -E "residual|FAIL|case\(s\)" $OUT/kernels.txt | tail -20 | tee -a $L
 DORY_CUDA_FUSE_RESID=1 DORY_CUDA_FUSE_ATTQ=1 DORY_BIN=build/dory timeout 200 python3 tests/gpu/test_gpu.py -v \
   TinyParity.test_decode_fusions BuiltinModel.test_int8_decode_fusions BuiltinModel.test_greedy_run_is_the_same \
@@ -36,7 +37,7 @@ done
 for r in 1 2; do
   for m in /tmp/dory4b /tmp/dory4b-q8_0.gguf /tmp/dory4b-q4_k_m.gguf; do
     for v in "DORY_CUDA_FUSE_RESID=0" "DORY_CUDA_FUSE_RESID=1" "DORY_CUDA_FUSE_RESID=1 DORY_CUDA_FUSE_ATTQ=1"; do
-      echo "$v round $r $m $(env $v build/dory bench --device cuda -m $m -p 0 -n 64 -r 2 2>&1 | grep -E '\| tg|rror')" | tee -a $L
+      bench_line "$v round $r $m" "$v" -m $m -p 0 -n 64 -r 2
     done
   done
 done

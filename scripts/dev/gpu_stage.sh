@@ -7,17 +7,18 @@
 set -uo pipefail
 OUT=${OUT:-/tmp}
 L=$OUT/stage.txt
-[ -e /tmp/dory4b/config.json ] || python3 scripts/make_checkpoint.py --out /tmp/dory4b --preset 4b --quiet
-[ -e $OUT/kernels.txt ] || timeout 150 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1
+source scripts/dev/gpu_lib.sh
+need_4b
+need_kernel_test
 grep -E "attention.*(1000|1100)|FAIL|case\(s\)" $OUT/kernels.txt | tail -12 | tee -a $L
 for r in 1 2 3; do
   for s in 0 1; do
-    echo "stage=$s round $r $(DORY_CUDA_FLASH_STAGE=$s build/dory bench --device cuda -m /tmp/dory4b -p 4096 -n 0 -r 1 2>&1 | grep -E '\| pp|rror')" | tee -a $L
+    bench_line "stage=$s round $r" DORY_CUDA_FLASH_STAGE=$s -m /tmp/dory4b -p 4096 -n 0 -r 1
   done
 done
 for r in 1 2; do
   for s in 0 1; do
-    echo "stage=$s round $r $(DORY_CUDA_FLASH_STAGE=$s build/dory bench --device cuda -m /tmp/dory4b -p 512 -n 0 -r 2 2>&1 | grep -E '\| pp|rror')" | tee -a $L
+    bench_line "stage=$s round $r" DORY_CUDA_FLASH_STAGE=$s -m /tmp/dory4b -p 512 -n 0 -r 2
   done
 done
 DORY_CUDA_FLASH_STAGE=1 DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m /tmp/dory4b -p 4096 -n 0 -r 1 > $OUT/profile_stage.txt 2>&1
