@@ -569,6 +569,9 @@ LOOP_STAGES = {
     # Past two: as deep4, but the last stage draws two passes once in ten steps, so the weights
     # are shaped for three to six (four passes the likeliest) and two is kept in reach.
     "past2": [(0.0, {2: 1}), (0.15, {2: 2, 3: 3, 4: 2}), (0.4, {2: 1, 3: 2, 4: 3, 5: 2, 6: 2})],
+    # A bracket, not a recipe: one pass and four only, four three times in four steps (does
+    # training at four passes alone move four past two, with two left to interpolate?).
+    "ends": [(0.0, {1: 1, 4: 3})],
 }
 
 
