@@ -327,18 +327,20 @@ void residual_case(DType t, int64_t n, int64_t cols, int nb, std::mt19937& rng) 
 
 // swiglu_quant: v = silu(g sg) (u su) in float as the kernel computes it, its quants and block
 // scales exactly the host quantization of the v the kernel wrote, the sum of squares to
-// double rounding.
-void swiglu_quant_case(int64_t f, int B, std::mt19937& rng) {
+// double rounding. col: the quants are of v times a q8_2f down product's column scales (QOut::col).
+void swiglu_quant_case(int64_t f, int B, std::mt19937& rng, bool col = false) {
   std::normal_distribution<float> N(0.0f, 1.0f);
-  std::vector<float> g(f), u(f), sg(f), su(f);
+  std::vector<float> g(f), u(f), sg(f), su(f), cs(f, 1.0f);
   for (int64_t i = 0; i < f; ++i) g[i] = N(rng) * 2, u[i] = N(rng), sg[i] = 1 + 0.3f * N(rng), su[i] = 1 + 0.3f * N(rng);
-  float *dg = up(g), *du = up(u), *dsg = up(sg), *dsu = up(su);
+  if (col)
+    for (float& c : cs) c = std::exp(0.5f * N(rng));
+  float *dg = up(g), *du = up(u), *dsg = up(sg), *dsu = up(su), *dcs = up(cs);
   std::vector<int8_t> q0(f, 0);
   std::vector<float> d0(f / B, 0.0f);
   int8_t* dq = up(q0);
   float* dd = up(d0);
   double* dsum = up(std::vector<double>{0.0});
-  cuda::swiglu_quant(dg, du, dsg, dsu, f, {B, dq, dd}, dsum);
+  cuda::swiglu_quant(dg, du, dsg, dsu, f, {B, dq, dd, col ? dcs : nullptr}, dsum);
   const std::vector<float> v = down(dg, f);
   const std::vector<int8_t> q = down(dq, f);
   const std::vector<float> d = down(dd, f / B);
@@ -353,23 +355,25 @@ void swiglu_quant_case(int64_t f, int B, std::mt19937& rng) {
   int64_t qbad = 0;
   for (int64_t b = 0; b < f / B; ++b) {
     float amax = 0;
-    for (int j = 0; j < B; ++j) amax = std::max(amax, std::fabs(v[b * B + j]));
+    for (int j = 0; j < B; ++j) amax = std::max(amax, std::fabs(col ? v[b * B + j] * cs[b * B + j] : v[b * B + j]));
     const float dref = amax / 127.0f, id = dref != 0 ? 1.0f / dref : 0.0f;
     if (d[b] != dref) ++qbad;
     for (int j = 0; j < B; ++j) {
-      int qi = static_cast<int>(std::nearbyint(v[b * B + j] * id));
+      const float x = col ? v[b * B + j] * cs[b * B + j] : v[b * B + j];
+      int qi = static_cast<int>(std::nearbyint(x * id));
       qi = std::min(127, std::max(-127, qi));
       if (q[b * B + j] != qi) ++qbad;
     }
   }
   char what[128];
-  std::snprintf(what, sizeof what, "swiglu_quant %lld wide, blocks of %d: values", (long long)f, B);
+  const char* cw = col ? ", column-scaled quants" : "";
+  std::snprintf(what, sizeof what, "swiglu_quant %lld wide, blocks of %d%s: values", (long long)f, B, cw);
   report(what, ev, 1e-5);  // expf against exp: a few float ulps
-  std::snprintf(what, sizeof what, "swiglu_quant %lld wide, blocks of %d: quants, scales differing", (long long)f, B);
+  std::snprintf(what, sizeof what, "swiglu_quant %lld wide, blocks of %d%s: quants, scales differing", (long long)f, B, cw);
   report(what, static_cast<double>(qbad), 0);
-  std::snprintf(what, sizeof what, "swiglu_quant %lld wide, blocks of %d: sum of squares", (long long)f, B);
+  std::snprintf(what, sizeof what, "swiglu_quant %lld wide, blocks of %d%s: sum of squares", (long long)f, B, cw);
   report(what, std::fabs(sum - ss) / ss, 1e-12);
-  cudaFree(dg), cudaFree(du), cudaFree(dsg), cudaFree(dsu), cudaFree(dq), cudaFree(dd), cudaFree(dsum);
+  cudaFree(dg), cudaFree(du), cudaFree(dsg), cudaFree(dsu), cudaFree(dcs), cudaFree(dq), cudaFree(dd), cudaFree(dsum);
 }
 
 // ---- attention ----
@@ -526,12 +530,12 @@ int main() {
     cuda::set_q8_col(true);
     for (int T : {1, 3, 9})
       for (int64_t cols : {256, 1024, 2560}) col_scaled_case(300, cols, T, rng);
-    cuda::set_q8_col(false);
     for (DType t : {DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
       for (int nb : {0, 32, 256}) residual_case(t, 2560, 1024, nb, rng);
     residual_case(DType::Q8_0, 300, 256, 32, rng);
     for (int B : {32, 256}) swiglu_quant_case(9728, B, rng);
     swiglu_quant_case(768, 256, rng);
+    swiglu_quant_case(9728, 32, rng, true);  // a q8_2f down product's input
     for (int T : {1, 5, 16, 40, 130}) product_case(DType::BF16, 300, 512, T, rng);
     product_case(DType::BF16, 1000, 2560, 100, rng);
     // Enough tiles for 128-row input tiles (tiles x row tiles >= 2 x SMs on an H100).

@@ -237,8 +237,9 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, int host_threads)
   fuse_int8_ = fuse_int8_ && fuse_;
   if (const char* f = std::getenv("DORY_CUDA_FUSE_RESID")) fuse_resid_ = std::string(f) == "1";
   fuse_resid_ = fuse_resid_ && fuse_;
-  if (const char* f = std::getenv("DORY_CUDA_FUSE_ATTQ")) fuse_attq_ = std::string(f) == "1";
+  if (const char* f = std::getenv("DORY_CUDA_FUSE_ATTQ")) fuse_attq_ = std::string(f) != "0";
   fuse_attq_ = fuse_attq_ && fuse_int8_;
+  if (const char* f = std::getenv("DORY_CUDA_COL_QUANTS")) col_quants_ = std::string(f) == "1";
   res_cnt_ = cuda::DevBuf(sizeof(unsigned));
   ck(cudaMemset(res_cnt_.get(), 0, res_cnt_.size()), "residual counter");
   // DORY_CUDA_GRAPHS=0: every launch on its own (to compare, or to debug a kernel).
@@ -418,6 +419,15 @@ void CudaBackend::begin(const PassRows& r) {
 
 void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y, const double* in_sum,
                       const cuda::Residual* res) {
+  if (w.col_scale && act_src_ == x && act_col_ == w.col_scale && act_kind_ == cuda::Act::Block32) {
+    // q8_2f whose input's writer quantized it times these columns (quant_for, sole): the
+    // Q8_0 product on those quants.
+    cuda::DevMat plain = w;
+    plain.col_scale = nullptr;
+    cuda::linear(plain, x, T, y, cuda::Act::Block32, act_.get(), true, in_sum, res);
+    written(y);
+    return;
+  }
   if (cuda::q8_col_in_kernel(w, T)) {  // q8_2f quantizing x * col itself
     cuda::linear(w, x, T, y, cuda::Act::Block32, nullptr, false, in_sum, res);
     written(y);
@@ -434,8 +444,9 @@ void CudaBackend::lin(const cuda::DevMat& w, const float* x, int T, float* y, co
   }
   const cuda::Act a = act_for(w, bf16_input_);
   const bool quant = a == cuda::Act::Block32 || a == cuda::Act::Block256;
-  cuda::linear(w, x, T, y, a, act_.get(), quant && act_src_ == x && act_kind_ == a, in_sum, res);
-  if (quant) act_src_ = x, act_kind_ = a;
+  cuda::linear(w, x, T, y, a, act_.get(), quant && act_src_ == x && act_kind_ == a && !act_col_, in_sum,
+               res);
+  if (quant) act_src_ = x, act_kind_ = a, act_col_ = nullptr;
   else act_src_ = nullptr;  // tensor-core products round their input into the scratch
   written(y);
 }
@@ -448,7 +459,7 @@ void CudaBackend::lin_residual(const cuda::DevMat& w, const float* in, const dou
     // The quants for `next` go to the scratch once the product has read its own input from
     // it (the last warp runs after every warp's sums), so the layout is taken first and the
     // bookkeeping (quant_for) after.
-    const cuda::Act a = next ? act_for(*next, bf16_input_) : cuda::Act::Float;
+    const cuda::Act a = next && !next->col_scale ? act_for(*next, bf16_input_) : cuda::Act::Float;
     cuda::Residual res;
     res.x = x_.f();
     res.alpha = alpha;
@@ -463,15 +474,22 @@ void CudaBackend::lin_residual(const cuda::DevMat& w, const float* in, const dou
   cuda::ngpt_residual(x_.f(), out_.f(), alpha, T, c.hidden, quant_for(next, x_.f(), T));
 }
 
-cuda::QOut CudaBackend::quant_for(const cuda::DevMat* next, const float* buf, int T) {
+cuda::QOut CudaBackend::quant_for(const cuda::DevMat* next, const float* buf, int T, bool sole) {
   const cuda::Act a = next ? act_for(*next, bf16_input_) : cuda::Act::Float;
   if (a != cuda::Act::Block32 && a != cuda::Act::Block256) {
     written(buf);
     return {};
   }
+  cuda::QOut qo = cuda::act_layout(a, act_.get(), T, next->cols);
+  // q8_2f (DORY_CUDA_COL_QUANTS=1): quants of buf times the matrix's columns, where it is buf's
+  // only reader (attn o, mlp down) in a decode row. Otherwise a q8_2f product scales its input
+  // itself (in the product, or scale_input first) and these quants go unread.
+  if (next->col_scale && col_quants_ && sole && T == 1 && a == cuda::Act::Block32 && next->cols % 32 == 0)
+    qo.col = next->col_scale;
   act_src_ = buf;
   act_kind_ = a;
-  return cuda::act_layout(a, act_.get(), T, next->cols);
+  act_col_ = qo.col;
+  return qo;
 }
 
 void CudaBackend::written(const float* buf) {
@@ -512,8 +530,8 @@ void CudaBackend::lin_multi(std::initializer_list<cuda::DevMat> ws,
     const cuda::Act a = act_for(w[i], bf16_input_);
     const bool quant = a == cuda::Act::Block32 || a == cuda::Act::Block256;
     cuda::linear_multi(w.data() + i, y.data() + i, static_cast<int>(j - i), x, T, a, act_.get(),
-                       quant && act_src_ == x && act_kind_ == a);
-    if (quant) act_src_ = x, act_kind_ = a;
+                       quant && act_src_ == x && act_kind_ == a && !act_col_);
+    if (quant) act_src_ = x, act_kind_ = a, act_col_ = nullptr;
     else act_src_ = nullptr;  // tensor-core products round their input into the scratch
     i = j;
   }
@@ -568,10 +586,10 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
     // An int8 o product's quants written by attention's blocks, a head each (the quant blocks
     // must tile a head); the bookkeeping says the scratch holds att_'s form.
     cuda::QOut aq;
-    if (fuse_attq_ && gsum && cuda::int8_decode(L.wo) && !L.wo.col_scale) {
+    if (fuse_attq_ && gsum && cuda::int8_decode(L.wo) && (!L.wo.col_scale || col_quants_)) {
       const cuda::Act a = act_for(L.wo, bf16_input_);
       const int B = a == cuda::Act::Block32 ? 32 : a == cuda::Act::Block256 ? 256 : 0;
-      if (B && hd % B == 0) aq = quant_for(&L.wo, att_.f(), T);
+      if (B && hd % B == 0) aq = quant_for(&L.wo, att_.f(), T, true);
     }
     cuda::attention_decode(q_.f(), k_.f(), v_.f(), L.q_scale, dr, nh, nk, hd, rd / 2, theta, rd,
                            att_.f(), part_.f(), static_cast<int*>(cnt_.get()), g_.f(),
@@ -586,7 +604,7 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
     if (!gsum_quant) written(att_.f());
   } else {
     cuda::gate_norm(att_.f(), g_.f(), L.gate_scale, T, c.n_head * c.head_dim,
-                    quant_for(&L.wo, att_.f(), T));
+                    quant_for(&L.wo, att_.f(), T, true));
   }
   cuda::prof_label("attn o");
   lin_residual(L.wo, att_.f(), gsum, L.alpha, next);
@@ -613,13 +631,13 @@ void CudaBackend::mlp_layer(const Layer& L, const cuda::DevMat* next) {
     lin_multi({L.w_gate, L.w_up}, {ffg_.f(), ffu_.f()}, x_.f(), T);
     double* sum = next_sum();
     cuda::swiglu_quant(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, c.ffn,
-                       quant_for(&L.w_down, ffg_.f(), T), sum);
+                       quant_for(&L.w_down, ffg_.f(), T, true), sum);
     cuda::prof_label("mlp down");
     lin_residual(L.w_down, ffg_.f(), sum, L.alpha, next);
   } else {
     lin_multi({L.w_gate, L.w_up}, {ffg_.f(), ffu_.f()}, x_.f(), T);
     cuda::swiglu_norm(ffg_.f(), ffu_.f(), L.suv_gate, L.suv_up, T, c.ffn,
-                      quant_for(&L.w_down, ffg_.f(), T));
+                      quant_for(&L.w_down, ffg_.f(), T, true));
     cuda::prof_label("mlp down");
     lin_residual(L.w_down, ffg_.f(), nullptr, L.alpha, next);
   }

@@ -112,7 +112,7 @@ class CudaBackend final : public Backend {
   void mlp_layer(const Layer& L, const cuda::DevMat* next);
   const cuda::DevMat* first_reader(std::span<const Step> plan, size_t i) const;
   // A row kernel writing `buf` also quantizes it for `next` when that takes int8 input.
-  cuda::QOut quant_for(const cuda::DevMat* next, const float* buf, int T);
+  cuda::QOut quant_for(const cuda::DevMat* next, const float* buf, int T, bool sole = false);
   // `buf` changed: the scratch no longer holds its int8 form.
   void written(const float* buf);
   void reserve(int64_t T);
@@ -156,6 +156,8 @@ class CudaBackend final : public Backend {
   // What act_ holds: the int8 form (act_kind_) of act_src_, or nothing usable (nullptr).
   const float* act_src_ = nullptr;
   cuda::Act act_kind_ = cuda::Act::Float;
+  // ... times these column scales (a q8_2f decode product's own input: quant_for with sole).
+  const float* act_col_ = nullptr;
   std::vector<float> host_;
   // The attention row tables of the pass in progress: written to pinned host memory, one
   // table per attention step, copied without stalling the stream (a copy from pageable memory
@@ -170,12 +172,16 @@ class CudaBackend final : public Backend {
   // The int8 types' decode fusions (gate in attention, swiglu_quant, norms from sums; Q8_0
   // decode +15% on an H100): DORY_CUDA_FUSE_INT8=0 turns them off, DORY_CUDA_FUSE=0 too.
   bool fuse_int8_ = true;
-  // The residual in the decode products' epilogue (DORY_CUDA_FUSE_RESID=1; off until it has
-  // run on a GPU), its ticket counter.
+  // The residual in the decode products' epilogue (DORY_CUDA_FUSE_RESID=1), its ticket
+  // counter. Off: on an H100 it made decode 0.49-0.68x as fast (docs/cuda.md, seventh session).
   bool fuse_resid_ = false;
-  // An int8 o product's input quantized by decode attention itself (DORY_CUDA_FUSE_ATTQ=1;
-  // off until it has run on a GPU): its quantizing launch goes.
-  bool fuse_attq_ = false;
+  // An int8 o product's input quantized by decode attention itself (DORY_CUDA_FUSE_ATTQ=0:
+  // off): its quantizing launch goes; the same quants, so the same logits (checked on an H100).
+  bool fuse_attq_ = true;
+  // q8_2f decode: attention / the swiglu kernels write the o / down product's quants times its
+  // column scales (QOut::col), so that product runs as plain Q8_0 (DORY_CUDA_COL_QUANTS=1; off
+  // until it has run on a GPU: scripts/dev/gpu_q8col.sh).
+  bool col_quants_ = false;
   cuda::DevBuf res_cnt_;
 };
 

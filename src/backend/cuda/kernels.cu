@@ -91,25 +91,29 @@ __device__ __forceinline__ int quant_one(float x, float id) {
   return v > 127 ? 127 : v < -127 ? -127 : v;
 }
 
-__device__ __forceinline__ void warp_quant_block(const float* xb, int B, int8_t* q, float* d) {
+// c (when set): the block's column scales, the quants those of x c (col_quant16's values).
+__device__ __forceinline__ void warp_quant_block(const float* xb, int B, int8_t* q, float* d,
+                                                 const float* c = nullptr) {
   const int lane = threadIdx.x % 32;
   float amax = 0.0f;
-  for (int j = lane; j < B; j += 32) amax = fmaxf(amax, fabsf(xb[j]));
+  for (int j = lane; j < B; j += 32) amax = fmaxf(amax, fabsf(c ? xb[j] * c[j] : xb[j]));
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float dd = amax / 127.0f;
   const float id = quant_inv(dd);
-  for (int j = lane; j < B; j += 32) q[j] = static_cast<int8_t>(quant_one(xb[j], id));
+  for (int j = lane; j < B; j += 32) q[j] = static_cast<int8_t>(quant_one(c ? xb[j] * c[j] : xb[j], id));
   if (lane == 0) *d = dd;
 }
 
 // A row-kernel's epilogue: the block's finished row t (n floats) quantized for the product
-// that reads it next (kernels.h, QOut), a warp per block of B.
-__device__ void block_quant_row(const float* row, int64_t n, const QOut& qo, int64_t t) {
+// that reads it next (kernels.h, QOut), a warp per block of B; col0: the row's first column
+// in the reader's input (a head's output is part of a row), for qo.col.
+__device__ void block_quant_row(const float* row, int64_t n, const QOut& qo, int64_t t, int64_t col0 = 0) {
   if (qo.B == 0) return;
   __syncthreads();  // the row's values, written by the whole block, are visible to it
   const int64_t nb = n / qo.B;
   for (int64_t b = threadIdx.x / 32; b < nb; b += blockDim.x / 32)
-    warp_quant_block(row + b * qo.B, qo.B, qo.q + t * n + b * qo.B, qo.d + t * nb + b);
+    warp_quant_block(row + b * qo.B, qo.B, qo.q + t * n + b * qo.B, qo.d + t * nb + b,
+                     qo.col ? qo.col + col0 + b * qo.B : nullptr);
 }
 
 // ---- products ----
@@ -1511,7 +1515,7 @@ __global__ void __launch_bounds__(32 * kAttWarps)
       ss = block_sum_d(ss);
       if (threadIdx.x == 0) atomicAdd(fa.sum, ss);
     }
-    if (Fused) block_quant_row(out + th * hd, hd, fa.qo, th);
+    if (Fused) block_quant_row(out + th * hd, hd, fa.qo, th, static_cast<int64_t>(h) * hd);
     return;
   }
   if (threadIdx.x == 0) {
@@ -1552,7 +1556,7 @@ __global__ void __launch_bounds__(32 * kAttWarps)
     sj = block_sum_d(sj);
     if (threadIdx.x == 0) atomicAdd(fa.sum, sj);
   }
-  if (Fused) block_quant_row(out + th * hd, hd, fa.qo, th);
+  if (Fused) block_quant_row(out + th * hd, hd, fa.qo, th, static_cast<int64_t>(h) * hd);
   if (threadIdx.x == 0) counters[th] = 0;
 }
 
@@ -1610,7 +1614,7 @@ __global__ void k_swiglu_quant(float* g, const float* u, const float* sg, const 
     ss += static_cast<double>(v) * v;
   }
   __syncwarp();
-  warp_quant_block(gb, qo.B, qo.q + b * qo.B, qo.d + b);
+  warp_quant_block(gb, qo.B, qo.q + b * qo.B, qo.d + b, qo.col ? qo.col + b * qo.B : nullptr);
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   if (lane == 0) atomicAdd(sum, ss);
 }
@@ -1673,7 +1677,7 @@ bool g_tc2 = true;
 bool g_cublas = false;
 bool g_flash = true;  // prompt attention on tensor cores (DORY_CUDA_FLASH=0: off)
 bool g_flash_f16 = true;  // its P V in fp16 (DORY_CUDA_FLASH_F16=0: bf16)
-bool g_q8_col = false;    // q8_2f's input quantized in its product (DORY_CUDA_Q8_COL=1)
+bool g_q8_col = true;     // q8_2f's input quantized in its product (DORY_CUDA_Q8_COL=0: off)
 int g_flash_warps = 0;    // query rows a block: 16 x this (DORY_CUDA_FLASH_WARPS=4|8; 0: by keys)
 bool g_flash_stage = false;  // keys and values converted once a chunk (DORY_CUDA_FLASH_STAGE=1: on)
 constexpr int kTcMinT = 16;
@@ -1833,7 +1837,7 @@ void set_stream(void* s) {
   const char* f16 = std::getenv("DORY_CUDA_FLASH_F16");
   g_flash_f16 = !(f16 && std::string(f16) == "0");
   const char* qc = std::getenv("DORY_CUDA_Q8_COL");
-  g_q8_col = qc && std::string(qc) == "1";
+  g_q8_col = !(qc && std::string(qc) == "0");
   const char* fw = std::getenv("DORY_CUDA_FLASH_WARPS");
   g_flash_warps = fw && std::string(fw) == "8" ? 8 : fw && std::string(fw) == "4" ? 4 : 0;
   const char* fs = std::getenv("DORY_CUDA_FLASH_STAGE");

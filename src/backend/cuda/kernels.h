@@ -51,10 +51,13 @@ enum class Act { Float, Bf16, Block32, Block256 };
 // A row kernel's output also quantized for the product that reads it next (B = 32 or 256; 0:
 // none): int8 quants at q (row t at t x n), block scales at d, as linear() keeps its input in
 // its scratch (act_layout), so that product skips its own quantizing (x_ready).
+// col (CMF q8_2f, decode): the reading matrix's column scales; the quants are then those of
+// the output times them, as that product's input is (its only reader: attn o, mlp down).
 struct QOut {
   int B = 0;
   int8_t* q = nullptr;
   float* d = nullptr;
+  const float* col = nullptr;
 };
 QOut act_layout(Act act, void* scratch, int T, int64_t cols);
 // Products of BF16 weights with 16 or more input rows run on tensor cores with the input
@@ -176,7 +179,7 @@ bool int8_decode(const DevMat& w);
 // Whether a product of T input rows of w (CMF q8_2f: Q8_0 rows with column scales) takes the
 // float input and quantizes x * col inside the product (one launch for several such matrices,
 // each with its own scales) rather than after scale_input: Q8_0 with fewer than 16 rows, and
-// switched on (DORY_CUDA_Q8_COL=1, or set_q8_col; off by default until it has run on a GPU).
+// switched on (the default; DORY_CUDA_Q8_COL=0 or set_q8_col(false): off).
 bool q8_col_in_kernel(const DevMat& w, int T);
 void set_q8_col(bool on);
 // out[t*cols + c] = x[t*cols + c] * col[c] (a q8_2f matrix's input).
