@@ -69,6 +69,7 @@ def main():
     ap.add_argument("--exit-distill", type=float, default=0.0)
     ap.add_argument("--exit-distill-easy", type=float, default=0.0)
     ap.add_argument("--exit-calibrate", type=float, default=0.0)
+    ap.add_argument("--hold", type=float, default=0.0)
     ap.add_argument("--bptt", type=int, default=0)
     args = ap.parse_args()
     args.aux1_from = 0.0

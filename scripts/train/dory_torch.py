@@ -284,7 +284,9 @@ class Dory(nn.Module):
         models are trained: deep counts cost little more than `bptt` passes).
         aux: pass counts (< loops) after which the output block also reads the state out;
         then returns (logits, [logits after each of them]) (early-exit training: the read-out
-        after one pass is what the exit gates use)."""
+        after one pass is what the exit gates use). When self.hold_from is set, self.moves
+        becomes each pass's move from hold_from passes on: the mean over positions of
+        1 - cos(state after it, state before it) (the states are unit vectors)."""
         c = self.cfg
         loops = c.loops if loops is None else loops
         pos = torch.arange(ids.shape[1], device=ids.device)
@@ -294,11 +296,15 @@ class Dory(nn.Module):
         inp = run(inp_r, x, pos, dtype)
         state = inp
         early = []
+        hold_from = getattr(self, "hold_from", 0)
+        self.moves = []
         for k in range(loops):
             with torch.set_grad_enabled(torch.is_grad_enabled() and not (0 < bptt <= loops - 1 - k)):
                 h = nrm(state + inp)
                 h = run(rec_r, h, pos, dtype)
-                state = nrm(h)
+                prev, state = state, nrm(h)
+                if hold_from and k >= hold_from:
+                    self.moves.append((1.0 - (state * prev).sum(-1)).mean())
             if k + 1 in aux and k + 1 < loops:
                 early.append(self.logits(run(out_r, state, pos, dtype).to(dtype)))
         h = run(out_r, state, pos, dtype)

@@ -22,7 +22,7 @@ from dory_torch import Dory  # noqa: E402
 
 
 def opts(**kw):
-    a = dict(aux1=0.0, aux1_from=0.0, aux_at="", exit_distill=0.0, exit_distill_easy=0.0, exit_calibrate=0.0, bptt=0)
+    a = dict(aux1=0.0, aux1_from=0.0, aux_at="", exit_distill=0.0, exit_distill_easy=0.0, exit_calibrate=0.0, hold=0.0, bptt=0)
     a.update(kw)
     return types.SimpleNamespace(**a)
 
@@ -41,7 +41,9 @@ def main():
              ("--exit-distill 1.0", opts(exit_distill=1.0)),
              ("--exit-distill 1.0 --exit-distill-easy 0.5", opts(exit_distill=1.0, exit_distill_easy=0.5)),
              ("--exit-calibrate 1.0", opts(exit_calibrate=1.0)),
-             ("all, --bptt 2", opts(aux1=0.3, aux_at="2:0.3", exit_distill=1.0, exit_calibrate=1.0, bptt=2))]
+             ("--hold 1.0", opts(hold=1.0)),
+             ("all, --bptt 2", opts(aux1=0.3, aux_at="2:0.3", exit_distill=1.0, exit_calibrate=1.0, hold=1.0,
+                                      bptt=2))]
     bad = 0
     for loops in (1, 2, 3, 4):
         base = None

@@ -501,6 +501,7 @@ def step_loss(model, rows, weights, loops, args, aux_at, done):
         aux_w.setdefault(1, None)
         aux_w.setdefault(2, None)
     aux = tuple(k for k in sorted(aux_w) if k < loops)
+    model.hold_from = 2 if getattr(args, "hold", 0.0) > 0 else 0
     with torch.autocast(DEV, dtype=torch.bfloat16):
         if aux:
             logits, early = model(rows[:, :-1], loops, bptt=args.bptt, aux=aux)
@@ -535,6 +536,11 @@ def step_loss(model, rows, weights, loops, args, aux_at, done):
             loss = loss + args.exit_distill * (kl * (kl.detach() <= cut)).mean()
         else:
             loss = loss + args.exit_distill * (conf1 * kl).mean()
+    hold = getattr(args, "hold", 0.0)
+    if hold > 0 and model.moves:
+        # --hold: what the passes past the second move the state, penalised (a contraction:
+        # four passes should keep what two or three reach, not drift past it).
+        loss = loss + hold * torch.stack(model.moves).sum()
     if args.exit_calibrate > 0 and loops >= 2:
         lg1 = by_pass[1].float().view(-1, logits.shape[-1])
         with torch.no_grad():
@@ -630,6 +636,10 @@ def main():
                     help="with --exit-distill: pull only the share (0-1) of each batch's tokens "
                     "whose one-pass read-out is already closest to the two-pass one (smallest KL), "
                     "unweighted, instead of every token by its top probability (0: off)")
+    ap.add_argument("--hold", type=float, default=0.0,
+                    help="weight of a penalty on how far each pass past the second moves the state "
+                    "(mean 1 - cos of the state before and after it): four passes keep what two or "
+                    "three reach instead of drifting past it (0: off)")
     ap.add_argument("--exit-calibrate", type=float, default=0.0,
                     help="weight of a loss on the one-pass read-out's top probability where its "
                     "choice differs from the two-pass one's: the first pass learns to be unsure "
