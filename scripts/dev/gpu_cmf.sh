@@ -11,15 +11,15 @@ L=${L:-$OUT/cmf.txt}
 source scripts/dev/gpu_lib.sh
 need_4b
 need_kernel_test
-build/dory quantize /tmp/dory4b /tmp/q8.gguf --type q8_0 -q
-build/dory convert /tmp/dory4b /tmp/q82f.cmf --type q8_2f -q
+q8=$(need_4b_as q8_0)
+q82f=$(need_4b_as q8_2f)
 DORY_BIN=build/dory python3 scripts/dev/make_q4tp_pair.py > /dev/null
 for r in 1 2 3; do
-  for m in /tmp/q8.gguf /tmp/q82f.cmf /tmp/q4b/q4_0.gguf /tmp/q4b/cmf/model.cmf; do
+  for m in $q8 $q82f /tmp/q4b/q4_0.gguf /tmp/q4b/cmf/model.cmf; do
     bench_line "cmf round $r $m" "" -m $m -p 0 -n 64 -r 2
   done
   # q8_2f quantizing x * col inside its products (DORY_CUDA_Q8_COL=1, not yet the default)
-  bench_line "cmf round $r q8_2f in-kernel" DORY_CUDA_Q8_COL=1 -m /tmp/q82f.cmf -p 0 -n 64 -r 2
+  bench_line "cmf round $r q8_2f in-kernel" DORY_CUDA_Q8_COL=1 -m $q82f -p 0 -n 64 -r 2
 done
 grep -E "q8_2f|case\(s\)" $OUT/kernels.txt | tail -10 | tee -a $L
 # Decode-sized passes (chunks of 8 rows) of the built-in model as q8_2f, with and without

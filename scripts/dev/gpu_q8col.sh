@@ -19,11 +19,11 @@ for dev in cuda cpu; do
 done
 echo "q8_2f greedy 64, cuda = cpu: $(cmp -s /tmp/greedy_cuda.txt /tmp/greedy_cpu.txt && echo yes || echo no)" | tee -a $L
 t0=$(date +%s); need_4b; echo "4B checkpoint made in $(( $(date +%s) - t0 )) s" | tee -a $L
-build/dory quantize /tmp/dory4b /tmp/q8.gguf --type q8_0 -q
-build/dory convert /tmp/dory4b /tmp/q82f.cmf --type q8_2f -q
+q8=$(need_4b_as q8_0)
+q82f=$(need_4b_as q8_2f)
 for r in 1 2; do
-  for m in /tmp/q8.gguf /tmp/q82f.cmf; do bench_line "round $r $m" "" -m $m -p 0 -n 64 -r 2; done
-  bench_line "round $r q8_2f, column-scaled quants" DORY_CUDA_COL_QUANTS=1 -m /tmp/q82f.cmf -p 0 -n 64 -r 2
+  for m in $q8 $q82f; do bench_line "round $r $m" "" -m $m -p 0 -n 64 -r 2; done
+  bench_line "round $r q8_2f, column-scaled quants" DORY_CUDA_COL_QUANTS=1 -m $q82f -p 0 -n 64 -r 2
 done
 timeout 100 build/tests/test_cuda_kernels > $OUT/kernels.txt 2>&1
 grep -E "column-scaled|FAIL|case\(s\)" $OUT/kernels.txt | tail -8 | tee -a $L

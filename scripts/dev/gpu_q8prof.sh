@@ -9,14 +9,13 @@ set -uo pipefail
 OUT=${OUT:-/tmp}
 L=$OUT/q8prof.txt
 source scripts/dev/gpu_lib.sh
-need_4b
-[ -f /tmp/q8.gguf ] || build/dory quantize /tmp/dory4b /tmp/q8.gguf --type q8_0 -q
-[ -f /tmp/q82f.cmf ] || build/dory convert /tmp/dory4b /tmp/q82f.cmf --type q8_2f -q
-[ -f /tmp/q4km.gguf ] || build/dory quantize /tmp/dory4b /tmp/q4km.gguf --type q4_k_m -q
-DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m /tmp/q8.gguf -p 0 -n 16 -r 1 > $OUT/prof_q8_0.txt 2>&1
-DORY_CUDA_Q8_COL=1 DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m /tmp/q82f.cmf -p 0 -n 16 -r 1 > $OUT/prof_q8_2f.txt 2>&1
+q8=$(need_4b_as q8_0)
+q82f=$(need_4b_as q8_2f)
+q4km=$(need_4b_as q4_k_m)
+DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m $q8 -p 0 -n 16 -r 1 > $OUT/prof_q8_0.txt 2>&1
+DORY_CUDA_Q8_COL=1 DORY_CUDA_PROFILE=1 build/dory bench --device cuda -m $q82f -p 0 -n 16 -r 1 > $OUT/prof_q8_2f.txt 2>&1
 for r in 1 2 3; do
-  for m in /tmp/q8.gguf /tmp/q4km.gguf; do
+  for m in $q8 $q4km; do
     for a in 0 1; do
       bench_line "attq=$a round $r $m" DORY_CUDA_FUSE_ATTQ=$a -m $m -p 0 -n 64 -r 2
     done

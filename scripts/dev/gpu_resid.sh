@@ -24,9 +24,7 @@ for q in 0 1; do
     --ignore-eos --device cuda > /tmp/resid_greedy$q.txt 2>/dev/null
 done
 echo "greedy 64 tokens, both fusions = neither: $(cmp -s /tmp/resid_greedy0.txt /tmp/resid_greedy1.txt && echo yes || echo no)" | tee -a $L
-for t in q8_0 q4_k_m; do
-  [ -f /tmp/dory4b-$t.gguf ] || build/dory quantize /tmp/dory4b /tmp/dory4b-$t.gguf --type $t -q
-done
+for t in q8_0 q4_k_m; do need_4b_as $t > /dev/null; done
 ids=$(python3 -c "print(','.join(str((i * 7919) % 100000 + 3) for i in range(40)))")
 for t in q8_0 q4_k_m; do
   for a in 0 1; do

@@ -581,11 +581,10 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
   double* gsum = fuse_ && T == 1 && (cuda::half_decode(L.wo) || (fuse_int8_ && cuda::int8_decode(L.wo)))
                      ? next_sum()
                      : nullptr;
-  bool gsum_quant = false;  // attention also quantized its output for the o product
+  // An int8 o product's quants written by attention's blocks, a head each (the quant blocks
+  // must tile a head); the bookkeeping says the scratch holds att_'s form. aq.B: it did.
+  cuda::QOut aq;
   if (fuse_ && T == 1) {
-    // An int8 o product's quants written by attention's blocks, a head each (the quant blocks
-    // must tile a head); the bookkeeping says the scratch holds att_'s form.
-    cuda::QOut aq;
     if (fuse_attq_ && gsum && cuda::int8_decode(L.wo) && (!L.wo.col_scale || col_quants_)) {
       const cuda::Act a = act_for(L.wo, bf16_input_);
       const int B = a == cuda::Act::Block32 ? 32 : a == cuda::Act::Block256 ? 256 : 0;
@@ -594,14 +593,13 @@ void CudaBackend::attention_layer(const Layer& L, int64_t table, const cuda::Dev
     cuda::attention_decode(q_.f(), k_.f(), v_.f(), L.q_scale, dr, nh, nk, hd, rd / 2, theta, rd,
                            att_.f(), part_.f(), static_cast<int*>(cnt_.get()), g_.f(),
                            L.gate_scale, gsum, decode_keys(L.kind == 'S'), aq);
-    if (aq.B) gsum_quant = true;
   } else {
     cuda::qk_prepare(q_.f(), k_.f(), v_.f(), L.q_scale, dr, T, nh, nk, hd, rd / 2, theta, rd);
     if (!one_run_ || !cuda::flash_attention(q_.f(), dr, T, nh, nk, hd, att_.f(), pos_[T - 1] + 1))
       cuda::attention(q_.f(), dr, T, nh, nk, hd, att_.f(), part_.f(), static_cast<int*>(cnt_.get()));
   }
   if (gsum) {
-    if (!gsum_quant) written(att_.f());
+    if (!aq.B) written(att_.f());
   } else {
     cuda::gate_norm(att_.f(), g_.f(), L.gate_scale, T, c.n_head * c.head_dim,
                     quant_for(&L.wo, att_.f(), T, true));
